@@ -1,0 +1,125 @@
+"""One attention module for every pattern: qkv projection, then SDPA with an additive bias.
+
+The pattern (full, Fibottention, LookHere, BigBird) only decides the bias; the arithmetic is
+shared, so the baseline and the sparse methods differ in nothing else. ``impl`` picks how the
+pattern is applied: ``dense`` materialises the (heads, N, N) bias once per grid and runs the
+fused SDPA kernel, ``sparse`` never builds N x N (see ``sparse.py``), ``auto`` picks the faster.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .masks import KINDS, LOOKHERE_DIRECTIONS, cached_dense_bias, make_pattern
+
+IMPLS = ("dense", "sparse", "auto")
+
+
+@dataclass
+class AttentionConfig:
+    """The ``attention`` config group. Only the fields of the chosen ``kind`` are used."""
+
+    kind: str = "full"  # full | fibottention | lookhere | bigbird
+    impl: str = "dense"  # dense | sparse | auto
+    # Fibottention
+    modified: bool = True  # the variant the paper uses for video and robot learning
+    w_min: int = 5
+    w_max: int | None = None  # None: N // 3
+    shuffle: bool = True
+    # LookHere
+    variant: str = "90"  # 180 | 90 | 45 (field of view in degrees)
+    global_slope: float = 1.0
+    undirected_fraction: float = 1 / 3
+    undirected_slope: float = 0.5
+    undirected_slope_ratio: float = 0.25
+    # BigBird
+    band: int = 3
+    random_per_row: int = 3
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"attention.kind={self.kind!r} is unknown; known kinds: {', '.join(KINDS)}")
+        if self.impl not in IMPLS:
+            raise ValueError(f"attention.impl={self.impl!r} is unknown; choose one of {', '.join(IMPLS)}")
+        self.variant = str(self.variant)
+        if self.variant not in LOOKHERE_DIRECTIONS:
+            raise ValueError(f"attention.variant={self.variant!r} is unknown; choose one of {sorted(LOOKHERE_DIRECTIONS)}")
+        if self.w_min < 0:
+            raise ValueError(f"attention.w_min must be >= 0, got {self.w_min}")
+        if self.w_max is not None and self.w_max < self.w_min:
+            raise ValueError(f"attention.w_max ({self.w_max}) must be >= attention.w_min ({self.w_min})")
+        if self.global_slope < 0:
+            raise ValueError(f"attention.global_slope must be >= 0, got {self.global_slope}")
+        if not 0 <= self.undirected_fraction < 1:
+            raise ValueError(f"attention.undirected_fraction must be in [0, 1), got {self.undirected_fraction}")
+
+    def pattern(self, num_heads: int, layer: int, depth: int):
+        """The frozen, hashable pattern of one layer (its dense bias is cached by value)."""
+        if self.kind == "fibottention":
+            opts = dict(modified=self.modified, w_min=self.w_min, w_max=self.w_max, shuffle=self.shuffle)
+        elif self.kind == "lookhere":
+            opts = dict(
+                variant=self.variant,
+                global_slope=self.global_slope,
+                undirected_fraction=self.undirected_fraction,
+                undirected_slope=self.undirected_slope,
+                undirected_slope_ratio=self.undirected_slope_ratio,
+            )
+        elif self.kind == "bigbird":
+            opts = dict(band=self.band, random_per_row=self.random_per_row)
+        else:
+            opts = {}
+        return make_pattern(self.kind, num_heads, layer, depth, **opts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def naive_attention(q, k, v, bias=None):
+    """Reference softmax(q k^T / sqrt(d) + bias) v, used by tests against the fused path."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, heads, N, N)
+    if bias is not None:
+        scores = scores + bias
+    return scores.softmax(dim=-1) @ v  # (B, heads, N, head_dim)
+
+
+def attend(q, k, v, pattern, grid: tuple[int, int], num_prefix: int, impl: str = "dense", dropout_p: float = 0.0):
+    """q, k, v: (B, heads, N, head_dim) -> (B, heads, N, head_dim)."""
+    if impl == "auto" or impl == "sparse":
+        from . import sparse
+
+        if impl == "auto":
+            impl = sparse.choose_impl(pattern, num_prefix + grid[0] * grid[1], q.device)
+        if impl == "sparse":
+            return sparse.sparse_attend(q, k, v, pattern, grid, num_prefix)
+    bias = cached_dense_bias(pattern, grid, num_prefix, q.device)
+    if bias is not None:
+        bias = bias.to(q.dtype).unsqueeze(0)  # (1, heads, N, N), broadcast over the batch
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, pattern, impl: str = "dense", qkv_bias: bool = True, attn_drop: float = 0.0):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embedding dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.pattern = pattern
+        self.impl = impl
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int], num_prefix: int) -> torch.Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, heads, head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, heads, N, head_dim)
+        drop = self.attn_drop if self.training else 0.0
+        out = attend(q, k, v, self.pattern, grid, num_prefix, self.impl, drop)  # (B, heads, N, head_dim)
+        out = out.transpose(1, 2).reshape(B, N, C)  # (B, N, C)
+        return self.proj(out)

@@ -1,0 +1,446 @@
+"""Attention patterns: which keys each head may see, and with what additive bias.
+
+Every pattern answers one question, ``dense_bias(grid, num_prefix)``: a float tensor of
+shape ``(heads, N, N)`` (``N = num_prefix + H*W``; prefix tokens such as CLS come first,
+patches follow in raster order) holding ``0`` or a finite penalty where a key is visible and
+``-inf`` where it is not, or ``None`` when nothing is masked (full attention).
+Masks are additive, never multiplicative: a 0 logit still receives softmax weight, which is
+the bug in the public Fibottention code that multiplies logits by a 0/1 mask.
+
+Run ``python -m policies.vision.masks KIND --grid 14x14 --heads 12 --json`` to inspect one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+PHI = (1.0 + math.sqrt(5.0)) / 2.0
+
+# ------------------------------------------------------------------------------------------
+# Fibottention (Rahimian et al., 2024)
+# ------------------------------------------------------------------------------------------
+
+
+def wythoff_row_start(i: int) -> tuple[int, int]:
+    """First two entries (a, b) of row ``i`` (1-based) of the Wythoff array.
+
+    Row 1 is 1, 2, 3, 5, 8, ...; row 2 is 4, 7, 11, ...; the rows partition the positive
+    integers, which is what makes Fibottention's heads complementary.
+    """
+    if i < 1:
+        raise ValueError(f"Wythoff rows are 1-based, got row {i}")
+    # Exact integer arithmetic would need sqrt(5) in rationals; float64 is exact far beyond
+    # any head count used here (errors appear only past ~1e15).
+    lower = math.floor(i * PHI)
+    return math.floor(lower * PHI), math.floor(lower * PHI * PHI)
+
+
+def fibonacci_offsets(a: int, b: int, window: int) -> list[int]:
+    """Generalized Fibonacci sequence a, b, a+b, ... with terms <= window (first always kept)."""
+    seq = [a]
+    while b <= window:
+        seq.append(b)
+        a, b = b, a + b
+    return sorted(set(seq))
+
+
+def fibottention_head_offsets(
+    num_patches: int,
+    num_heads: int,
+    *,
+    modified: bool = False,
+    w_min: int = 5,
+    w_max: int | None = None,
+) -> list[list[int]]:
+    """Offsets |p - q| each head i = 1..h may attend to, before the per-layer shuffle.
+
+    Window ``w_i = w_min + floor((w_max - w_min) / (h - 1) * (i - 1))``; ``w_max`` defaults to
+    ``N // 3``. The modified variant runs the recurrence two steps backwards so that low
+    rows also see their neighbours (and head 1 its own token).
+    """
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    w_max = num_patches // 3 if w_max is None else w_max
+    w_max = max(w_max, w_min)
+    step = (w_max - w_min) / (num_heads - 1) if num_heads > 1 else 0.0
+    heads = []
+    for i in range(1, num_heads + 1):
+        window = w_min + math.floor(step * (i - 1))
+        a, b = wythoff_row_start(i)
+        if modified:
+            a, b = a - (b - a), b - a
+        heads.append(fibonacci_offsets(a, b, window))
+    return heads
+
+
+def layer_permutation(num_heads: int, layer: int) -> list[int]:
+    """Deterministic per-layer assignment of Wythoff rows to heads (same in train and eval)."""
+    gen = torch.Generator().manual_seed(10_007 * (layer + 1))
+    return torch.randperm(num_heads, generator=gen).tolist()
+
+
+# ------------------------------------------------------------------------------------------
+# LookHere (Fuller et al., NeurIPS 2024)
+# ------------------------------------------------------------------------------------------
+
+# Each direction is a closed-form test on (dx, dy) = key - query, y growing downward.
+# Inclusive inequalities: the query always sees itself.
+LOOKHERE_DIRECTIONS: dict[str, dict[str, callable]] = {
+    "180": {
+        "up": lambda dx, dy: dy <= 0,
+        "down": lambda dx, dy: dy >= 0,
+        "left": lambda dx, dy: dx <= 0,
+        "right": lambda dx, dy: dx >= 0,
+        "up-left": lambda dx, dy: dx + dy <= 0,
+        "down-right": lambda dx, dy: dx + dy >= 0,
+        "up-right": lambda dx, dy: dy <= dx,
+        "down-left": lambda dx, dy: dy >= dx,
+    },
+    "90": {
+        "up": lambda dx, dy: dy <= -dx.abs(),
+        "down": lambda dx, dy: dy >= dx.abs(),
+        "left": lambda dx, dy: dx <= -dy.abs(),
+        "right": lambda dx, dy: dx >= dy.abs(),
+        "up-left": lambda dx, dy: (dx <= 0) & (dy <= 0),
+        "up-right": lambda dx, dy: (dx >= 0) & (dy <= 0),
+        "down-left": lambda dx, dy: (dx <= 0) & (dy >= 0),
+        "down-right": lambda dx, dy: (dx >= 0) & (dy >= 0),
+    },
+    "45": {
+        "up-left": lambda dx, dy: (dy <= -dx.abs()) & (dx <= 0),
+        "up-right": lambda dx, dy: (dy <= -dx.abs()) & (dx >= 0),
+        "down-left": lambda dx, dy: (dy >= dx.abs()) & (dx <= 0),
+        "down-right": lambda dx, dy: (dy >= dx.abs()) & (dx >= 0),
+        "left-up": lambda dx, dy: (dx <= -dy.abs()) & (dy <= 0),
+        "left-down": lambda dx, dy: (dx <= -dy.abs()) & (dy >= 0),
+        "right-up": lambda dx, dy: (dx >= dy.abs()) & (dy <= 0),
+        "right-down": lambda dx, dy: (dx >= dy.abs()) & (dy >= 0),
+    },
+}
+
+
+def lookhere_head_plan(
+    num_heads: int,
+    variant: str,
+    *,
+    undirected_fraction: float = 1 / 3,
+    undirected_slope: float = 0.5,
+    undirected_slope_ratio: float = 0.25,
+) -> list[tuple[str | None, float]]:
+    """(direction or None, head slope) per head: directed heads first, then undirected.
+
+    Directed heads cycle through the variant's eight directions with slope 1; undirected heads
+    see everything with geometrically smaller slopes (1/2, 1/8, ... by default).
+    """
+    if variant not in LOOKHERE_DIRECTIONS:
+        raise ValueError(f"unknown LookHere variant {variant!r}; known: {sorted(LOOKHERE_DIRECTIONS)}")
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    n_undirected = min(num_heads - 1, math.floor(num_heads * undirected_fraction + 0.5))
+    n_directed = num_heads - n_undirected
+    names = list(LOOKHERE_DIRECTIONS[variant])
+    plan: list[tuple[str | None, float]] = [(names[i % len(names)], 1.0) for i in range(n_directed)]
+    plan += [(None, undirected_slope * undirected_slope_ratio**k) for k in range(n_undirected)]
+    return plan
+
+
+def lookhere_layer_slope(layer: int, depth: int, first: float = 1.5, last: float = 0.5) -> float:
+    """s_layer falls linearly from ``first`` (layer 0) to ``last`` (layer depth-1)."""
+    if depth <= 1:
+        return first
+    return first + (last - first) * layer / (depth - 1)
+
+
+def patch_coords(grid: tuple[int, int], device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) of each patch in raster order, as float tensors of shape (H*W,)."""
+    gh, gw = grid
+    y, x = torch.meshgrid(torch.arange(gh, device=device), torch.arange(gw, device=device), indexing="ij")
+    return x.reshape(-1).float(), y.reshape(-1).float()
+
+
+# ------------------------------------------------------------------------------------------
+# Pattern objects: one per (kind, layer), stateless apart from their configuration.
+# ------------------------------------------------------------------------------------------
+
+
+def _embed_patch_bias(patch_bias: torch.Tensor, num_prefix: int) -> torch.Tensor:
+    """Pad a (heads, P, P) patch bias with prefix tokens that see and are seen by all, unpenalised."""
+    heads, p, _ = patch_bias.shape
+    n = num_prefix + p
+    bias = patch_bias.new_zeros(heads, n, n)
+    bias[:, num_prefix:, num_prefix:] = patch_bias
+    return bias
+
+
+def _ensure_visible(patch_bias: torch.Tensor, num_prefix: int) -> torch.Tensor:
+    """Without prefix tokens a query row may see nothing (e.g. a Fibottention offset larger
+    than the grid): let such rows see themselves so softmax never returns NaN."""
+    if num_prefix > 0:
+        return patch_bias
+    empty = torch.isinf(patch_bias).all(dim=-1)  # (heads, P)
+    if empty.any():
+        diag = torch.diagonal(patch_bias, dim1=-2, dim2=-1)  # view into patch_bias
+        diag[empty] = 0.0
+    return patch_bias
+
+
+@dataclass(frozen=True)
+class FullPattern:
+    num_heads: int
+    kind: str = "full"
+    uses_pos_embed: bool = True
+
+    def dense_bias(self, grid, num_prefix, device=None):
+        return None
+
+
+@dataclass(frozen=True)
+class FibottentionPattern:
+    num_heads: int
+    layer: int = 0
+    modified: bool = False
+    w_min: int = 5
+    w_max: int | None = None
+    shuffle: bool = True
+    kind: str = "fibottention"
+    uses_pos_embed: bool = True
+
+    def offsets(self, grid: tuple[int, int]) -> list[list[int]]:
+        """Per-head offsets in head order (after this layer's shuffle)."""
+        rows = fibottention_head_offsets(
+            grid[0] * grid[1], self.num_heads, modified=self.modified, w_min=self.w_min, w_max=self.w_max
+        )
+        if not self.shuffle:
+            return rows
+        return [rows[j] for j in layer_permutation(self.num_heads, self.layer)]
+
+    def dense_bias(self, grid, num_prefix, device=None):
+        p = grid[0] * grid[1]
+        idx = torch.arange(p, device=device)
+        dist = (idx[None, :] - idx[:, None]).abs()  # (P, P)
+        patch = torch.full((self.num_heads, p, p), -math.inf, device=device)
+        for h, offs in enumerate(self.offsets(grid)):
+            allowed = torch.isin(dist, torch.tensor(offs, device=device))
+            patch[h].masked_fill_(allowed, 0.0)
+        return _embed_patch_bias(_ensure_visible(patch, num_prefix), num_prefix)
+
+
+@dataclass(frozen=True)
+class LookHerePattern:
+    num_heads: int
+    layer: int = 0
+    depth: int = 1
+    variant: str = "90"
+    global_slope: float = 1.0
+    undirected_fraction: float = 1 / 3
+    undirected_slope: float = 0.5
+    undirected_slope_ratio: float = 0.25
+    kind: str = "lookhere"
+    uses_pos_embed: bool = False  # the point of LookHere: position lives in the bias only
+
+    def plan(self) -> list[tuple[str | None, float]]:
+        return lookhere_head_plan(
+            self.num_heads,
+            self.variant,
+            undirected_fraction=self.undirected_fraction,
+            undirected_slope=self.undirected_slope,
+            undirected_slope_ratio=self.undirected_slope_ratio,
+        )
+
+    def head_slopes(self) -> list[float]:
+        """Total slope s_global * s_layer * s_head per head."""
+        s_layer = lookhere_layer_slope(self.layer, self.depth)
+        return [self.global_slope * s_layer * s for _, s in self.plan()]
+
+    def dense_bias(self, grid, num_prefix, device=None):
+        x, y = patch_coords(grid, device)
+        dx = x[None, :] - x[:, None]  # (P, P): key minus query
+        dy = y[None, :] - y[:, None]
+        dist = torch.sqrt(dx * dx + dy * dy)
+        tests = LOOKHERE_DIRECTIONS[self.variant]
+        heads = []
+        for (direction, _), slope in zip(self.plan(), self.head_slopes()):
+            b = -slope * dist
+            if direction is not None:
+                b = b.masked_fill(~tests[direction](dx, dy), -math.inf)
+            heads.append(b)
+        return _embed_patch_bias(torch.stack(heads), num_prefix)
+
+
+@dataclass(frozen=True)
+class BigBirdPattern:
+    """Local band + global prefix + seeded random keys (the baseline Fibottention compares to)."""
+
+    num_heads: int
+    layer: int = 0
+    band: int = 3
+    random_per_row: int = 3
+    kind: str = "bigbird"
+    uses_pos_embed: bool = True
+
+    def dense_bias(self, grid, num_prefix, device=None):
+        p = grid[0] * grid[1]
+        idx = torch.arange(p, device=device)
+        allowed = (idx[None, :] - idx[:, None]).abs() <= self.band  # (P, P)
+        allowed = allowed.expand(self.num_heads, p, p).clone()
+        gen = torch.Generator().manual_seed(7919 * (self.layer + 1))
+        rand = torch.randint(0, p, (self.num_heads, p, self.random_per_row), generator=gen).to(device)
+        allowed.scatter_(-1, rand, True)
+        patch = torch.zeros(self.num_heads, p, p, device=device).masked_fill_(~allowed, -math.inf)
+        return _embed_patch_bias(patch, num_prefix)
+
+
+KINDS = ("full", "fibottention", "lookhere", "bigbird")
+
+
+def make_pattern(kind: str, num_heads: int, layer: int = 0, depth: int = 1, **options):
+    """Pattern for one layer. ``options`` are the attention config's fields for that kind."""
+    if kind == "full":
+        return FullPattern(num_heads)
+    if kind == "fibottention":
+        return FibottentionPattern(num_heads, layer=layer, **options)
+    if kind == "lookhere":
+        return LookHerePattern(num_heads, layer=layer, depth=depth, **options)
+    if kind == "bigbird":
+        return BigBirdPattern(num_heads, layer=layer, **options)
+    raise ValueError(f"unknown attention kind {kind!r}; known kinds: {', '.join(KINDS)}")
+
+
+@lru_cache(maxsize=256)
+def _cached_bias(pattern, grid, num_prefix, device_str):
+    return pattern.dense_bias(grid, num_prefix, torch.device(device_str))
+
+
+def cached_dense_bias(pattern, grid: tuple[int, int], num_prefix: int, device) -> torch.Tensor | None:
+    """Bias built once per (pattern, grid, prefix, device): patterns are frozen and hashable."""
+    return _cached_bias(pattern, tuple(grid), num_prefix, str(torch.device(device)))
+
+
+# ------------------------------------------------------------------------------------------
+# CLI: python -m policies.vision.masks KIND --grid HxW --heads H
+# ------------------------------------------------------------------------------------------
+
+CLI_KINDS = ("full", "fibottention", "lookhere-180", "lookhere-90", "lookhere-45", "bigbird")
+
+
+def pattern_from_cli_kind(kind: str, heads: int, layer: int, depth: int, modified: bool):
+    if kind.startswith("lookhere-"):
+        return make_pattern("lookhere", heads, layer, depth, variant=kind.split("-", 1)[1])
+    if kind == "fibottention":
+        return make_pattern("fibottention", heads, layer, depth, modified=modified)
+    if kind in ("full", "bigbird"):
+        return make_pattern(kind, heads, layer, depth)
+    raise ValueError(f"unknown kind {kind!r}; known: {', '.join(CLI_KINDS)}")
+
+
+def summarize(pattern, grid: tuple[int, int]) -> dict:
+    """Visible fraction per head over the patch-to-patch block (prefix excluded)."""
+    bias = pattern.dense_bias(grid, 0)
+    p = grid[0] * grid[1]
+    heads = []
+    for h in range(pattern.num_heads):
+        frac = 1.0 if bias is None else float(torch.isfinite(bias[h]).sum()) / (p * p)
+        entry = {"visible_fraction": frac}
+        if isinstance(pattern, FibottentionPattern):
+            entry["offsets"] = pattern.offsets(grid)[h]
+        if isinstance(pattern, LookHerePattern):
+            direction, _ = pattern.plan()[h]
+            entry["direction"] = direction or "undirected"
+            entry["slope"] = pattern.head_slopes()[h]
+        heads.append(entry)
+    return {
+        "kind": pattern.kind if not isinstance(pattern, LookHerePattern) else f"lookhere-{pattern.variant}",
+        "grid": list(grid),
+        "heads": heads,
+        "visible_fraction": sum(h["visible_fraction"] for h in heads) / len(heads),
+    }
+
+
+def draw_png(pattern, grid: tuple[int, int], path: str) -> None:
+    """Each head's view from the centre query (top row) and its whole P x P mask (bottom row)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gh, gw = grid
+    p = gh * gw
+    bias = pattern.dense_bias(grid, 0)
+    if bias is None:
+        bias = torch.zeros(pattern.num_heads, p, p)
+    centre = (gh // 2) * gw + gw // 2
+    fig, axes = plt.subplots(2, pattern.num_heads, figsize=(1.8 * pattern.num_heads, 3.8), squeeze=False)
+    for h in range(pattern.num_heads):
+        row = bias[h, centre].reshape(gh, gw)
+        # masked keys black, visible keys brighter where the distance penalty is smaller,
+        # the query itself marked red
+        view = torch.where(torch.isfinite(row), 0.3 + 0.7 * torch.exp(row.clamp(min=-30)), torch.zeros_like(row))
+        rgb = view[..., None].repeat(1, 1, 3)
+        rgb[gh // 2, gw // 2] = torch.tensor([1.0, 0.1, 0.1])
+        axes[0, h].imshow(rgb.numpy())
+        axes[0, h].set_title(f"head {h}", fontsize=8)
+        axes[1, h].imshow(torch.isfinite(bias[h]).float(), cmap="gray", vmin=0, vmax=1)
+        for ax in axes[:, h]:
+            ax.set_xticks([])
+            ax.set_yticks([])
+    axes[0, 0].set_ylabel("centre query", fontsize=8)
+    axes[1, 0].set_ylabel("P x P mask", fontsize=8)
+    fig.suptitle(f"{summarize(pattern, grid)['kind']} on a {gh}x{gw} grid", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_grid(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--grid must look like 14x14, got {text!r}") from None
+    if h < 1 or w < 1:
+        raise argparse.ArgumentTypeError(f"--grid sides must be >= 1, got {text!r}")
+    return h, w
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m policies.vision.masks", description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=CLI_KINDS)
+    parser.add_argument("--grid", type=parse_grid, default=(14, 14), help="patch grid HxW (default 14x14)")
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--layer", type=int, default=0, help="0-based layer index (Fibottention shuffle, LookHere slope)")
+    parser.add_argument("--depth", type=int, default=12, help="number of layers (LookHere layer slope)")
+    parser.add_argument("--modified", action="store_true", help="modified Fibottention (more local interactions)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--png", help="draw each head's pattern to this PNG file")
+    args = parser.parse_args(argv)
+    if args.heads < 1:
+        parser.error("--heads must be >= 1")
+    if not 0 <= args.layer < args.depth:
+        parser.error(f"--layer must be in [0, --depth), got {args.layer} with depth {args.depth}")
+    pattern = pattern_from_cli_kind(args.kind, args.heads, args.layer, args.depth, args.modified)
+    summary = summarize(pattern, args.grid)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{summary['kind']}  grid {args.grid[0]}x{args.grid[1]}  heads {args.heads}  layer {args.layer}")
+        for h, entry in enumerate(summary["heads"]):
+            extra = ""
+            if "offsets" in entry:
+                extra = f"  offsets {entry['offsets']}"
+            if "direction" in entry:
+                extra = f"  {entry['direction']:<11} slope {entry['slope']:.4g}"
+            print(f"  head {h:2d}: visible {100 * entry['visible_fraction']:6.2f}%{extra}")
+        print(f"  mean visible fraction: {100 * summary['visible_fraction']:.2f}%")
+    if args.png:
+        draw_png(pattern, args.grid, args.png)
+        print(f"wrote {args.png}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""A small plain ViT whose attention pattern comes from config.
+
+Grid-size aware: the token grid is derived from the input image on every call, so an image
+larger than the training crop works without retraining (LookHere rebuilds its bias from
+patch coordinates; learned position embeddings are interpolated, sin-cos ones recomputed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import Attention, AttentionConfig
+
+POS_EMBEDS = ("learned", "sincos", "none")
+POOLS = ("cls", "mean")
+
+
+@dataclass
+class ViTConfig:
+    patch_size: int = 8
+    dim: int = 96
+    depth: int = 3
+    num_heads: int = 4
+    mlp_ratio: float = 2.0
+    use_cls: bool = True
+    pool: str = "cls"  # cls | mean
+    pos_embed: str = "learned"  # learned | sincos | none (LookHere never adds one)
+    base_grid: tuple[int, int] = (9, 9)  # grid the learned position embedding is created for
+    out_dim: int = 64  # feature size handed to the policy
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+    def __post_init__(self):
+        if isinstance(self.attention, dict):
+            self.attention = AttentionConfig(**self.attention)
+        self.base_grid = tuple(self.base_grid)
+        for name in ("patch_size", "dim", "depth", "num_heads", "out_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"vit.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"vit.dim ({self.dim}) must be divisible by vit.num_heads ({self.num_heads})")
+        if self.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"vit.pos_embed={self.pos_embed!r} is unknown; choose one of {POS_EMBEDS}")
+        if self.pool not in POOLS:
+            raise ValueError(f"vit.pool={self.pool!r} is unknown; choose one of {POOLS}")
+        if self.pool == "cls" and not self.use_cls:
+            raise ValueError("vit.pool='cls' needs vit.use_cls=true (or set vit.pool='mean')")
+
+
+def sincos_2d(grid: tuple[int, int], dim: int, device=None) -> torch.Tensor:
+    """2D sin-cos position embedding, (H*W, dim) in raster order."""
+    if dim % 4:
+        raise ValueError(f"sin-cos position embedding needs dim divisible by 4, got {dim}")
+    gh, gw = grid
+    y, x = torch.meshgrid(torch.arange(gh, device=device), torch.arange(gw, device=device), indexing="ij")
+    omega = 1.0 / (10000 ** (torch.arange(dim // 4, device=device) / (dim // 4)))
+    out = []
+    for coord in (y.reshape(-1), x.reshape(-1)):
+        ang = coord[:, None].float() * omega[None]  # (P, dim/4)
+        out += [ang.sin(), ang.cos()]
+    return torch.cat(out, dim=1)  # (P, dim)
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, pattern, impl: str):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, num_heads, pattern, impl)
+        self.norm2 = nn.LayerNorm(dim)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x, grid, num_prefix):
+        x = x + self.attn(self.norm1(x), grid, num_prefix)
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Module):
+    def __init__(self, cfg: ViTConfig, in_chans: int = 3):
+        super().__init__()
+        self.cfg = cfg
+        att = cfg.attention
+        self.patch_embed = nn.Conv2d(in_chans, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.num_prefix = 1 if cfg.use_cls else 0
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.use_cls else None
+        patterns = [att.pattern(cfg.num_heads, layer, cfg.depth) for layer in range(cfg.depth)]
+        # LookHere carries position in its bias alone; adding an embedding would break its
+        # translation equivariance and its extrapolation to larger grids.
+        self.pos_embed_kind = cfg.pos_embed if patterns[0].uses_pos_embed else "none"
+        if self.pos_embed_kind == "learned":
+            gh, gw = cfg.base_grid
+            self.pos_embed = nn.Parameter(torch.randn(1, gh * gw, cfg.dim) * 0.02)
+        else:
+            self.pos_embed = None
+        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, p, att.impl) for p in patterns)
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.out_dim)
+        self._init_weights()
+
+    def _init_weights(self):
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    def _position(self, grid: tuple[int, int], device, dtype) -> torch.Tensor | None:
+        if self.pos_embed_kind == "sincos":
+            return sincos_2d(grid, self.cfg.dim, device).to(dtype)[None]
+        if self.pos_embed_kind != "learned":
+            return None
+        base = self.cfg.base_grid
+        if tuple(grid) == base:
+            return self.pos_embed
+        pe = self.pos_embed.reshape(1, base[0], base[1], -1).permute(0, 3, 1, 2)  # (1, dim, gh, gw)
+        pe = F.interpolate(pe, size=grid, mode="bicubic", align_corners=False)
+        return pe.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], -1)  # (1, P, dim)
+
+    def forward_tokens(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """images (B, C, H, W) in [0, 1] -> tokens (B, prefix + P, dim) after the last block."""
+        x = self.patch_embed(images * 2.0 - 1.0)  # (B, dim, gh, gw)
+        grid = (x.shape[-2], x.shape[-1])
+        x = x.flatten(2).transpose(1, 2)  # (B, P, dim)
+        pos = self._position(grid, x.device, x.dtype)
+        if pos is not None:
+            x = x + pos
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + P, dim)
+        for block in self.blocks:
+            x = block(x, grid, self.num_prefix)
+        return self.norm(x), grid
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, C, H, W) in [0, 1] -> features (B, out_dim)."""
+        tokens, _ = self.forward_tokens(images)
+        pooled = tokens[:, 0] if self.cfg.pool == "cls" else tokens[:, self.num_prefix :].mean(dim=1)
+        return self.head(pooled)

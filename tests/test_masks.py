@@ -1,0 +1,175 @@
+"""Attention patterns against their closed forms (Fibottention offsets, LookHere directions)."""
+import json
+import math
+
+import pytest
+import torch
+
+from policies.vision import masks
+from policies.vision.masks import (
+    FibottentionPattern,
+    LookHerePattern,
+    fibottention_head_offsets,
+    lookhere_head_plan,
+    make_pattern,
+    wythoff_row_start,
+)
+
+
+def test_wythoff_rows_start_as_published():
+    assert [wythoff_row_start(i) for i in range(1, 6)] == [(1, 2), (4, 7), (6, 10), (9, 15), (12, 20)]
+
+
+def test_wythoff_rows_are_disjoint_and_cover_the_integers():
+    seen = {}
+    for i in range(1, 40):
+        a, b = wythoff_row_start(i)
+        while a <= 2000:
+            assert a not in seen, f"{a} in rows {seen[a]} and {i}"
+            seen[a] = i
+            a, b = b, a + b
+    # every integer up to the first entry of row 40 appears somewhere among rows 1..39
+    assert set(range(1, wythoff_row_start(40)[0])) <= set(seen)
+
+
+def test_reference_offsets_n196_h12():
+    heads = fibottention_head_offsets(196, 12)
+    assert heads[0] == [1, 2, 3, 5]
+    assert heads[1] == [4, 7]
+    assert heads[2] == [6, 10]
+    assert heads[-1] == [30, 49]
+    assert heads == [
+        [1, 2, 3, 5], [4, 7], [6, 10], [9, 15], [12, 20], [14, 23],
+        [17, 28], [19, 31], [22, 36], [25, 41], [27, 44], [30, 49],
+    ]
+
+
+def test_modified_variant_runs_the_recurrence_backwards():
+    heads = fibottention_head_offsets(196, 12, modified=True)
+    assert heads[0] == [0, 1, 2, 3, 5]  # 0, 1, 1, 2, 3, 5: includes the diagonal
+    assert heads[1] == [1, 3, 4, 7]
+
+
+def test_first_term_kept_even_beyond_window():
+    heads = fibottention_head_offsets(9, 12)  # w_max = max(9 // 3, w_min) = 5
+    assert heads[-1] == [30]
+
+
+def test_fibottention_dense_bias_matches_offsets_and_is_minus_inf():
+    grid = (14, 14)
+    pat = FibottentionPattern(12, layer=3)
+    bias = pat.dense_bias(grid, num_prefix=1)
+    assert bias.shape == (12, 197, 197)
+    # CLS row and column fully visible, unpenalised
+    assert torch.all(bias[:, 0, :] == 0) and torch.all(bias[:, :, 0] == 0)
+    idx = torch.arange(196)
+    dist = (idx[None] - idx[:, None]).abs()
+    for h, offs in enumerate(pat.offsets(grid)):
+        allowed = torch.isin(dist, torch.tensor(offs))
+        block = bias[h, 1:, 1:]
+        assert torch.all(block[allowed] == 0)
+        assert torch.all(torch.isneginf(block[~allowed]))
+    # about 2% of patch pairs are visible on average
+    frac = masks.summarize(FibottentionPattern(12, shuffle=False), grid)["visible_fraction"]
+    assert 0.015 < frac < 0.025
+
+
+def test_fibottention_shuffle_is_a_deterministic_per_layer_permutation():
+    grid = (14, 14)
+    base = FibottentionPattern(12, shuffle=False).offsets(grid)
+    l0 = FibottentionPattern(12, layer=0).offsets(grid)
+    l1 = FibottentionPattern(12, layer=1).offsets(grid)
+    assert sorted(l0) == sorted(base) == sorted(l1)
+    assert l0 != l1
+    assert l0 == FibottentionPattern(12, layer=0).offsets(grid)
+
+
+def _closed_form(direction, dx, dy):
+    """Direction tests written out case by case, independent of masks.LOOKHERE_DIRECTIONS."""
+    ax, ay = abs(dx), abs(dy)
+    return {
+        ("180", "up"): dy <= 0, ("180", "down"): dy >= 0, ("180", "left"): dx <= 0, ("180", "right"): dx >= 0,
+        ("180", "up-left"): dx + dy <= 0, ("180", "down-right"): dx + dy >= 0,
+        ("180", "up-right"): dy <= dx, ("180", "down-left"): dy >= dx,
+        ("90", "up"): dy <= -ax, ("90", "down"): dy >= ax, ("90", "left"): dx <= -ay, ("90", "right"): dx >= ay,
+        ("90", "up-left"): dx <= 0 and dy <= 0, ("90", "up-right"): dx >= 0 and dy <= 0,
+        ("90", "down-left"): dx <= 0 and dy >= 0, ("90", "down-right"): dx >= 0 and dy >= 0,
+        ("45", "up-left"): dy <= -ax and dx <= 0, ("45", "up-right"): dy <= -ax and dx >= 0,
+        ("45", "down-left"): dy >= ax and dx <= 0, ("45", "down-right"): dy >= ax and dx >= 0,
+        ("45", "left-up"): dx <= -ay and dy <= 0, ("45", "left-down"): dx <= -ay and dy >= 0,
+        ("45", "right-up"): dx >= ay and dy <= 0, ("45", "right-down"): dx >= ay and dy >= 0,
+    }[direction]
+
+
+@pytest.mark.parametrize("variant", ["180", "90", "45"])
+def test_lookhere_matches_closed_form_on_non_square_grid(variant):
+    gh, gw = 4, 7
+    pat = LookHerePattern(12, layer=1, depth=3, variant=variant, global_slope=0.8)
+    bias = pat.dense_bias((gh, gw), num_prefix=1)
+    assert bias.shape == (12, 1 + gh * gw, 1 + gh * gw)
+    assert torch.all(bias[:, 0, :] == 0) and torch.all(bias[:, :, 0] == 0)
+    plan = pat.plan()
+    s_layer = 1.0  # layer 1 of 3: halfway from 1.5 to 0.5
+    for h, (direction, s_head) in enumerate(plan):
+        for q in range(gh * gw):
+            qy, qx = divmod(q, gw)
+            for k in range(gh * gw):
+                ky, kx = divmod(k, gw)
+                dx, dy = kx - qx, ky - qy
+                value = bias[h, 1 + q, 1 + k].item()
+                visible = direction is None or _closed_form((variant, direction), dx, dy)
+                if visible:
+                    expected = -0.8 * s_layer * s_head * math.hypot(dx, dy)
+                    assert value == pytest.approx(expected, abs=1e-5)
+                else:
+                    assert value == -math.inf
+
+
+def test_lookhere_head_plan_for_any_head_count():
+    assert lookhere_head_plan(12, "90") == [(d, 1.0) for d in masks.LOOKHERE_DIRECTIONS["90"]] + [
+        (None, 0.5), (None, 0.125), (None, 0.03125), (None, 0.0078125)
+    ]
+    for h in (1, 3, 6, 8, 12, 16):
+        plan = lookhere_head_plan(h, "45")
+        assert len(plan) == h
+        assert sum(d is not None for d, _ in plan) >= 1
+    assert [d for d, _ in lookhere_head_plan(3, "180")] == ["up", "down", None]
+
+
+@pytest.mark.parametrize("variant,expected", [("180", 0.5), ("90", 0.25), ("45", 0.125)])
+def test_lookhere_directed_heads_see_their_share_on_a_large_grid(variant, expected):
+    pat = LookHerePattern(8, variant=variant, undirected_fraction=0.0)
+    s = masks.summarize(pat, (31, 31))
+    assert s["visible_fraction"] == pytest.approx(expected, abs=0.04)
+
+
+@pytest.mark.parametrize("kind", ["full", "fibottention", "lookhere", "bigbird"])
+@pytest.mark.parametrize("heads", [1, 3, 6, 8, 12])
+@pytest.mark.parametrize("num_prefix", [0, 1])
+def test_every_row_keeps_a_visible_key(kind, heads, num_prefix):
+    pat = make_pattern(kind, heads, layer=2, depth=4)
+    for grid in [(3, 3), (2, 5), (9, 9)]:
+        bias = pat.dense_bias(grid, num_prefix)
+        if bias is None:
+            continue
+        assert torch.isfinite(bias).any(dim=-1).all()
+
+
+def test_unknown_kind_lists_known():
+    with pytest.raises(ValueError, match="known kinds: full, fibottention, lookhere, bigbird"):
+        make_pattern("sparse-magic", 4)
+
+
+@pytest.mark.parametrize("kind", list(masks.CLI_KINDS))
+def test_cli_json_answers_for_every_kind(kind, capsys, tmp_path):
+    png = tmp_path / "p.png"
+    assert masks.main([kind, "--grid", "6x5", "--heads", "3", "--depth", "2", "--json", "--png", str(png)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["grid"] == [6, 5]
+    assert len(out["heads"]) == 3
+    assert out["visible_fraction"] == pytest.approx(sum(h["visible_fraction"] for h in out["heads"]) / 3)
+    if kind == "full":
+        assert out["visible_fraction"] == 1.0
+    if kind == "fibottention":
+        assert all("offsets" in h for h in out["heads"])
+    assert png.stat().st_size > 1000
