@@ -1,0 +1,1 @@
+from .modeling import DiffusionPolicy  # noqa: F401  (registers 'diffusion')

@@ -1,0 +1,62 @@
+"""make_dataset(task_cfg): the task's file -> EpisodeData, whatever its format."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .episodes import EpisodeData
+
+FORMATS = ("pusht_zarr", "robomimic_hdf5")
+
+
+def read_dataset(path, fmt: str | None = None, obs_keys: list[str] | None = None) -> EpisodeData:
+    fmt = fmt or guess_format(path)
+    if fmt == "pusht_zarr":
+        from .zarr_replay import read_pusht_zarr
+
+        return read_pusht_zarr(path)
+    if fmt == "robomimic_hdf5":
+        from .robomimic_hdf5 import read_robomimic_hdf5
+
+        return read_robomimic_hdf5(path, obs_keys=obs_keys)
+    raise ValueError(f"unknown dataset format {fmt!r}; known formats: {', '.join(FORMATS)}")
+
+
+def guess_format(path) -> str:
+    p = Path(path)
+    if p.suffix == ".zarr" or (p / ".zgroup").exists() or (p / "zarr.json").exists():
+        return "pusht_zarr"
+    if p.suffix in (".hdf5", ".h5"):
+        return "robomimic_hdf5"
+    raise ValueError(f"cannot tell the format of {p}: expected a .zarr directory or a .hdf5 file")
+
+
+def make_dataset(task_cfg, max_episodes: int | None = None) -> EpisodeData:
+    """Read the task's dataset and check it carries what the task's policy needs."""
+    path = task_cfg["dataset"]["path"]
+    if not Path(path).exists():
+        raise FileNotFoundError(
+            f"dataset {path} does not exist; generate it with: "
+            f"python -m datasets.generate task={task_cfg['name']} num_episodes=200 out={path}"
+        )
+    keys = list(task_cfg["input_shapes"])
+    data = read_dataset(path, task_cfg["dataset"]["format"], obs_keys=keys)
+    missing = [k for k in keys + ["action"] if k not in data.data]
+    if missing:
+        raise ValueError(
+            f"dataset {path} does not fit task {task_cfg['name']!r}: it lacks {missing} "
+            f"(it has {sorted(data.data)}); was it written for another task or camera set?"
+        )
+    for key, shape in task_cfg["input_shapes"].items():
+        arr = data.data[key]
+        got = tuple(arr.shape[1:])
+        want = (shape[1], shape[2], shape[0]) if len(shape) == 3 else tuple(shape)
+        if got != want:
+            raise ValueError(f"dataset {path}: {key!r} frames have shape {got}, task {task_cfg['name']!r} expects {want}")
+    if data.data["action"].shape[1] != task_cfg["action_dim"]:
+        raise ValueError(
+            f"dataset {path}: actions are {data.data['action'].shape[1]}-D, task {task_cfg['name']!r} expects {task_cfg['action_dim']}-D"
+        )
+    if max_episodes is not None and max_episodes < data.num_episodes:
+        end = data.episode_ends[max_episodes - 1]
+        data = EpisodeData({k: v[:end] for k, v in data.data.items()}, data.episode_ends[:max_episodes], data.meta)
+    return data

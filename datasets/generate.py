@@ -1,0 +1,142 @@
+"""Generate demonstrations with a scripted expert and write them in the public layout.
+
+    python -m datasets.generate task=pusht num_episodes=200 out=data/pusht/demos.zarr workers=2
+    python -m datasets.generate task=lift num_episodes=200 out=data/lift/ph_image.hdf5 workers=2
+
+Seeds ``seed, seed+1, ...`` are tried in order and the first ``num_episodes`` successful ones
+are kept, so the result is the same for any number of workers. Failed attempts are dropped.
+Output goes to a temporary path and is renamed at the end; an existing file is kept unless
+``overwrite=true``. Seeds stay below 100000, which evaluation uses.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .episodes import atomic_output
+
+TASKS = {"pusht": "envs.experts.pusht", "lift": "envs.experts.lift", "can": "envs.experts.can"}
+EVAL_SEED_START = 100_000
+DEFAULTS = {"task": None, "num_episodes": 200, "out": None, "workers": 1, "seed": 0, "overwrite": False,
+            "max_attempts": None, "image_size": None}
+USAGE = ("usage: python -m datasets.generate task={pusht,lift,can} num_episodes=N out=PATH "
+         "[workers=1] [seed=0] [overwrite=false] [max_attempts=2N+20] [image_size=default]")
+
+
+def _collect(job):
+    task, seed, image_size = job
+    module = importlib.import_module(TASKS[task])
+    kwargs = {} if image_size is None else {"image_size": image_size}
+    try:
+        return seed, module.collect_episode(seed, **kwargs), None
+    except Exception as exc:  # one broken episode must not kill a long generation run
+        return seed, None, f"{type(exc).__name__}: {exc}"
+
+
+def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int = 0, overwrite: bool = False,
+             max_attempts: int | None = None, image_size: int | None = None, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    out = Path(out)
+    if out.exists() and not overwrite:  # fail before the expensive part, not after it
+        raise FileExistsError(f"{out} already exists; pass overwrite=true to replace it, or choose another out=")
+    max_attempts = max_attempts or 2 * num_episodes + 20
+    if seed + max_attempts > EVAL_SEED_START:
+        raise ValueError(f"seeds {seed}..{seed + max_attempts} would reach the evaluation seeds (>= {EVAL_SEED_START}); lower seed=")
+    jobs = [(task, s, image_size) for s in range(seed, seed + max_attempts)]
+    kept, failed, errors = [], [], []
+    t0 = time.perf_counter()
+    bar = tqdm(total=num_episodes, desc=f"generate {task}", unit="demo", disable=not progress, dynamic_ncols=True)
+    pool = mp.get_context("spawn").Pool(workers) if workers > 1 else None
+    try:
+        results = pool.imap(_collect, jobs) if pool else map(_collect, jobs)
+        for s, episode, error in results:  # imap keeps seed order: same result for any worker count
+            if episode is None:
+                failed.append(s)
+                if error:
+                    errors.append(f"seed {s}: {error}")
+            else:
+                kept.append(episode)
+                bar.update(1)
+            bar.set_postfix(failed=len(failed))
+            if len(kept) == num_episodes:
+                break
+    finally:
+        if pool:
+            pool.terminate()
+        bar.close()
+    seconds = time.perf_counter() - t0
+    if len(kept) < num_episodes:
+        raise RuntimeError(
+            f"only {len(kept)} of {num_episodes} episodes succeeded in {max_attempts} attempts "
+            f"(errors: {errors[:3]}); raise max_attempts= or check the expert"
+        )
+    infos = [ep.pop("info", {}) for ep in kept]
+    attempts = len(kept) + len(failed)
+    report = {
+        "task": task, "episodes": len(kept), "attempts": attempts, "expert_success_rate": len(kept) / attempts,
+        "seconds": seconds, "seconds_per_attempt": seconds / attempts, "seed_start": seed,
+        "mean_steps": float(np.mean([len(ep["action" if task == "pusht" else "actions"]) for ep in kept])),
+    }
+    if infos and "max_coverage" in infos[0]:
+        report["mean_max_coverage"] = float(np.mean([i["max_coverage"] for i in infos]))
+    attrs = {"task": task, "generator": "datasets.generate", "seeds": [i.get("seed") for i in infos], "report": report}
+    if task == "pusht":
+        from .zarr_replay import write_pusht_zarr
+
+        write_pusht_zarr(out, kept, overwrite=overwrite, attrs=attrs)
+    else:
+        from envs.robosuite_tasks import RobosuiteEnv
+
+        from .robomimic_hdf5 import write_robomimic_hdf5
+
+        env_kwargs = {} if image_size is None else {"image_size": image_size}
+        env = RobosuiteEnv(task, **env_kwargs)
+        try:
+            env_meta = env.env_meta()
+        finally:
+            env.close()
+        write_robomimic_hdf5(out, kept, env_meta, overwrite=overwrite)
+    report["out"] = str(out)
+    return report
+
+
+def parse_args(argv: list[str]) -> dict:
+    from omegaconf import OmegaConf
+
+    args = dict(DEFAULTS)
+    for a in argv:
+        if "=" not in a:
+            raise SystemExit(f"argument {a!r} is not key=value\n{USAGE}")
+        k, v = a.split("=", 1)
+        if k not in DEFAULTS:
+            raise SystemExit(f"unknown argument {k!r}; known: {', '.join(DEFAULTS)}\n{USAGE}")
+        args[k] = None if v == "null" else OmegaConf.create({"v": v})["v"]
+    if not args["task"] or not args["out"]:
+        raise SystemExit(f"task= and out= are required\n{USAGE}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        report = generate(args["task"], args["num_episodes"], args["out"], workers=args["workers"], seed=args["seed"],
+                          overwrite=args["overwrite"], max_attempts=args["max_attempts"], image_size=args["image_size"])
+    except (FileExistsError, ValueError) as exc:
+        raise SystemExit(f"error: {exc}")
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

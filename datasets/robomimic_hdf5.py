@@ -1,0 +1,354 @@
+"""robomimic HDF5 datasets: write scripted demonstrations, read public or generated files.
+
+Layout (robomimic's own, so ``robomimic.utils.dataset.SequenceDataset`` reads what we write)::
+
+    data/                      attrs: total (sum of num_samples), env_args (JSON of env_meta)
+        demo_N/                attrs: num_samples, model_file (MuJoCo XML)
+            actions  (T, 7)    states (T, S)    rewards (T,)    dones (T,)
+            obs/<key>  (T, ...)                 next_obs/<key>  (T, ...)
+    mask/train, mask/valid     arrays of demo names (dtype 'S')
+
+Readers flatten demos into :class:`datasets.episodes.EpisodeData` (``action`` plus observation keys,
+float observations and actions as float32, images left as uint8 HWC).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from datasets.episodes import EpisodeData, atomic_output
+
+FORMAT = "robomimic_hdf5"
+GENERATE_HINT = "python -m datasets.generate task=lift num_episodes=200 out={path}"
+REQUIRED_DEMO_KEYS = ("actions", "obs")
+IMAGE_COMPRESSION = dict(compression="gzip", compression_opts=4)
+_DEMO_RE = re.compile(r"^demo_(\d+)$")
+
+
+class RobomimicFormatError(ValueError):
+    """The file exists but does not have the robomimic layout (or lacks what was asked for)."""
+
+
+class MissingObsKeyError(KeyError):
+    def __str__(self):  # KeyError would repr-quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+# ---------------------------------------------------------------------------------------------- write
+def _is_image(arr: np.ndarray) -> bool:
+    return arr.dtype == np.uint8 and arr.ndim == 4 and arr.shape[-1] in (1, 3, 4)
+
+
+def _write_array(group: h5py.Group, name: str, arr: np.ndarray) -> None:
+    arr = np.asarray(arr)
+    if _is_image(arr):
+        chunks = (min(len(arr), 16),) + arr.shape[1:]
+        group.create_dataset(name, data=arr, chunks=chunks, **IMAGE_COMPRESSION)
+    else:
+        group.create_dataset(name, data=arr)
+
+
+def _episode_arrays(i: int, ep: dict) -> dict:
+    """Validate one episode dict and fill derivable fields (rewards, dones, next_obs)."""
+    for key in REQUIRED_DEMO_KEYS:
+        if key not in ep:
+            raise ValueError(f"episode {i} lacks {key!r}; it has keys {sorted(ep)}")
+    actions = np.asarray(ep["actions"])
+    if actions.ndim != 2 or len(actions) == 0:
+        raise ValueError(f"episode {i}: actions must be a non-empty (T, action_dim) array, got shape {actions.shape}")
+    T = len(actions)
+    obs = {k: np.asarray(v) for k, v in ep["obs"].items()}
+    if not obs:
+        raise ValueError(f"episode {i} has no observation keys")
+    if "next_obs" in ep and ep["next_obs"] is not None:
+        next_obs = {k: np.asarray(v) for k, v in ep["next_obs"].items()}
+    else:  # shift by one step, repeating the last frame (robomimic convention for the final transition)
+        next_obs = {k: np.concatenate([v[1:], v[-1:]]) for k, v in obs.items()}
+    if set(next_obs) != set(obs):
+        raise ValueError(f"episode {i}: next_obs keys {sorted(next_obs)} differ from obs keys {sorted(obs)}")
+    rewards = np.asarray(ep["rewards"]) if ep.get("rewards") is not None else np.zeros(T)
+    if ep.get("dones") is not None:
+        dones = np.asarray(ep["dones"])
+    else:
+        dones = np.zeros(T, dtype=np.int64)
+        dones[-1] = 1
+    states = np.asarray(ep["states"]) if ep.get("states") is not None else None
+    arrays = {"actions": actions, "rewards": rewards, "dones": dones}
+    if states is not None:
+        arrays["states"] = states
+    for name, arr in list(arrays.items()) + [(f"obs/{k}", v) for k, v in obs.items()] + [
+        (f"next_obs/{k}", v) for k, v in next_obs.items()
+    ]:
+        if len(arr) != T:
+            raise ValueError(f"episode {i}: {name} has {len(arr)} steps but actions has {T}")
+    return {"T": T, "arrays": arrays, "obs": obs, "next_obs": next_obs}
+
+
+def _split(n: int, valid_fraction: float, seed: int = 0) -> tuple[list[int], list[int]]:
+    if not 0.0 <= valid_fraction < 1.0:
+        raise ValueError(f"valid_fraction must be in [0, 1), got {valid_fraction}")
+    n_valid = int(round(valid_fraction * n))
+    if valid_fraction > 0 and n >= 2:
+        n_valid = max(n_valid, 1)
+    n_valid = min(n_valid, n - 1) if n >= 1 else 0
+    order = np.random.default_rng(seed).permutation(n)
+    valid = sorted(int(i) for i in order[:n_valid])
+    train = sorted(int(i) for i in order[n_valid:])
+    return train, valid
+
+
+def write_robomimic_hdf5(
+    path: str | os.PathLike,
+    episodes: list[dict],
+    env_meta: dict,
+    overwrite: bool = False,
+    valid_fraction: float = 0.1,
+) -> Path:
+    """Write episodes (as returned by ``envs.experts.*.collect_episode``) in robomimic's layout.
+
+    Each episode needs ``actions`` (T, A) and ``obs`` {key: (T, ...)}; ``states``, ``rewards``,
+    ``dones``, ``next_obs`` and ``model_file`` are written when given (rewards default to 0, dones to
+    1 at the last step, next_obs to obs shifted by one). Images (uint8, (T, H, W, C)) are gzip
+    compressed. ``mask/train`` / ``mask/valid`` hold a seeded random split with ``valid_fraction``
+    of the demos in ``valid`` (at least one when there are two or more demos). The file appears
+    atomically; an existing file is refused unless ``overwrite``.
+    """
+    if not episodes:
+        raise ValueError("no episodes to write")
+    checked = [_episode_arrays(i, ep) for i, ep in enumerate(episodes)]
+    keys0 = set(checked[0]["obs"])
+    for i, ep in enumerate(checked[1:], start=1):
+        if set(ep["obs"]) != keys0:
+            raise ValueError(f"episode {i} has obs keys {sorted(ep['obs'])}, episode 0 has {sorted(keys0)}")
+    train, valid = _split(len(episodes), valid_fraction)
+    env_args = json.dumps(env_meta)
+    final = Path(path)
+    with atomic_output(final, overwrite=overwrite) as tmp:
+        with h5py.File(tmp, "w") as f:
+            data = f.create_group("data")
+            total = 0
+            for i, (ep, chk) in enumerate(zip(episodes, checked)):
+                g = data.create_group(f"demo_{i}")
+                g.attrs["num_samples"] = int(chk["T"])
+                if ep.get("model_file") is not None:
+                    g.attrs["model_file"] = ep["model_file"]
+                info = ep.get("info") or {}
+                if "seed" in info:
+                    g.attrs["seed"] = int(info["seed"])
+                for name, arr in chk["arrays"].items():
+                    _write_array(g, name, arr)
+                obs_g, next_g = g.create_group("obs"), g.create_group("next_obs")
+                for k, v in chk["obs"].items():
+                    _write_array(obs_g, k, v)
+                for k, v in chk["next_obs"].items():
+                    _write_array(next_g, k, v)
+                total += int(chk["T"])
+            data.attrs["total"] = total
+            data.attrs["env_args"] = env_args
+            mask = f.create_group("mask")
+            mask.create_dataset("train", data=np.array([f"demo_{i}" for i in train], dtype="S"))
+            mask.create_dataset("valid", data=np.array([f"demo_{i}" for i in valid], dtype="S"))
+    return final
+
+
+# ----------------------------------------------------------------------------------------------- read
+def _open(path: str | os.PathLike) -> h5py.File:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(
+            f"robomimic dataset {p} not found; generate it with `{GENERATE_HINT.format(path=p)}` "
+            "(task=can for PickPlaceCan) or download a robomimic image.hdf5 there"
+        )
+    try:
+        return h5py.File(p, "r")
+    except OSError as e:
+        raise RobomimicFormatError(f"{p} is not a readable HDF5 file ({e}); expected a robomimic dataset") from e
+
+
+def _demo_index(name: str) -> int:
+    m = _DEMO_RE.match(name)
+    return int(m.group(1)) if m else -1
+
+
+def _sorted_demos(names) -> list[str]:
+    return sorted(names, key=lambda n: (_demo_index(n), n))
+
+
+def _layout_error(path, expected: str, found) -> RobomimicFormatError:
+    return RobomimicFormatError(
+        f"{path} does not have the robomimic layout: expected {expected}, found {sorted(found)}"
+    )
+
+
+def _demos(f: h5py.File, path, filter_key: str | None) -> list[str]:
+    if "data" not in f or not isinstance(f["data"], h5py.Group):
+        raise _layout_error(path, "top-level group 'data' (and optional 'mask')", f.keys())
+    data = f["data"]
+    if filter_key is not None:
+        masks = sorted(f["mask"].keys()) if "mask" in f else []
+        if filter_key not in masks:
+            raise RobomimicFormatError(f"{path} has no filter key mask/{filter_key}; available filter keys: {masks}")
+        names = [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in np.asarray(f["mask"][filter_key][:])]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise RobomimicFormatError(f"{path}: mask/{filter_key} names demos missing from data/: {missing[:5]}")
+    else:
+        names = [n for n in data.keys() if isinstance(data[n], h5py.Group)]
+    demos = _sorted_demos(names)
+    if not demos and filter_key is None:
+        raise _layout_error(path, "groups data/demo_0, data/demo_1, ...", data.keys())
+    for name in demos[:1] + demos[-1:]:
+        found = set(data[name].keys())
+        if not set(REQUIRED_DEMO_KEYS) <= found:
+            raise _layout_error(
+                path, f"data/{name} with {list(REQUIRED_DEMO_KEYS)} (+ states, rewards, dones, next_obs)", found
+            )
+    return demos
+
+
+def _env_args(f: h5py.File) -> dict:
+    raw = f["data"].attrs.get("env_args")
+    if raw is None:
+        return {}
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8")
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError):
+        return {"raw": str(raw)}
+
+
+def _num_samples(g: h5py.Group) -> int:
+    n = g.attrs.get("num_samples")
+    return int(n) if n is not None else int(g["actions"].shape[0])
+
+
+def _as_float32(arr_dtype) -> np.dtype:
+    return np.dtype(np.float32) if np.issubdtype(arr_dtype, np.floating) else np.dtype(arr_dtype)
+
+
+def read_robomimic_hdf5(
+    path: str | os.PathLike, obs_keys: list[str] | None = None, filter_key: str | None = None
+) -> EpisodeData:
+    """Flatten a robomimic HDF5 file (ours or a public ``image.hdf5`` / ``image_v15.hdf5``).
+
+    Args:
+        obs_keys: observation keys to load (default: all keys of the first demo's ``obs``).
+        filter_key: a ``mask/<filter_key>`` subset such as "train" or "valid" (default: all demos).
+
+    Returns EpisodeData with ``data = {obs_key: (N, ...), "action": (N, A)}`` over demos sorted by
+    their number, and meta ``{"env_args", "format", "path", "filter_key", "demos", "env_name"}``.
+    """
+    with _open(path) as f:
+        demos = _demos(f, path, filter_key)
+        if not demos:
+            raise RobomimicFormatError(f"{path}: mask/{filter_key} selects no demos")
+        data = f["data"]
+        available = sorted(data[demos[0]]["obs"].keys())
+        keys = list(available) if obs_keys is None else list(obs_keys)
+        missing = [k for k in keys if k not in available]
+        if missing:
+            raise MissingObsKeyError(f"{path}: observation key(s) {missing} not present; available obs keys: {available}")
+        lengths = [_num_samples(data[d]) for d in demos]
+        used = [(d, n) for d, n in zip(demos, lengths) if n > 0]
+        skipped = [d for d, n in zip(demos, lengths) if n <= 0]
+        if not used:
+            raise RobomimicFormatError(f"{path}: all selected demos are empty")
+        total = sum(n for _, n in used)
+        first = data[used[0][0]]
+        sources = {"action": "actions", **{k: f"obs/{k}" for k in keys}}
+        out = {}
+        for name, src in sources.items():
+            ds = first[src]
+            out[name] = np.empty((total,) + ds.shape[1:], dtype=_as_float32(ds.dtype))
+        start = 0
+        for d, n in used:
+            g = data[d]
+            for name, src in sources.items():
+                if src not in g:
+                    found = list(g.keys()) + ([f"obs/{k}" for k in g["obs"].keys()] if "obs" in g else [])
+                    raise _layout_error(path, f"data/{d}/{src}", found)
+                ds = g[src]
+                if ds.shape[0] < n or ds.shape[1:] != out[name].shape[1:]:
+                    raise RobomimicFormatError(
+                        f"{path}: data/{d}/{src} has shape {ds.shape}, expected ({n}, *{out[name].shape[1:]})"
+                    )
+                out[name][start : start + n] = ds[:n]
+            start += n
+        env_args = _env_args(f)
+    meta = {
+        "env_args": env_args,
+        "env_name": env_args.get("env_name"),
+        "format": FORMAT,
+        "path": str(path),
+        "filter_key": filter_key,
+        "demos": [d for d, _ in used],
+    }
+    if skipped:
+        meta["skipped_empty_demos"] = skipped
+    return EpisodeData(out, np.cumsum([n for _, n in used]), meta)
+
+
+def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
+    """Summary for an inspect CLI: episodes, frames, key shapes/dtypes, action range, env name, masks."""
+    with _open(path) as f:
+        demos = _demos(f, path, None)
+        data = f["data"]
+        env_args = _env_args(f)
+        lengths = np.array([_num_samples(data[d]) for d in demos])
+        g0 = data[demos[0]]
+        keys = {}
+
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                keys[name] = {
+                    "shape": list(obj.shape[1:]),
+                    "dtype": str(obj.dtype),
+                    "compression": obj.compression,
+                }
+
+        g0.visititems(visit)
+        a_min = a_max = None
+        for d in demos:
+            a = np.asarray(data[d]["actions"][:])
+            if a.size == 0:
+                continue
+            lo, hi = a.min(axis=0), a.max(axis=0)
+            a_min = lo if a_min is None else np.minimum(a_min, lo)
+            a_max = hi if a_max is None else np.maximum(a_max, hi)
+        masks = {}
+        if "mask" in f:
+            for m in f["mask"].keys():
+                masks[m] = int(f["mask"][m].shape[0])
+        return {
+            "path": str(path),
+            "format": FORMAT,
+            "env_name": env_args.get("env_name"),
+            "env_version": env_args.get("env_version"),
+            "episodes": int(len(demos)),
+            "frames": int(lengths.sum()),
+            "total_attr": int(data.attrs["total"]) if "total" in data.attrs else None,
+            "episode_length": {
+                "min": int(lengths.min()),
+                "max": int(lengths.max()),
+                "mean": float(lengths.mean()),
+            },
+            "keys": dict(sorted(keys.items())),
+            "obs_keys": sorted(g0["obs"].keys()),
+            "action_min": None if a_min is None else [float(x) for x in a_min],
+            "action_max": None if a_max is None else [float(x) for x in a_max],
+            "masks": masks,
+            "size_mb": round(os.path.getsize(path) / 2**20, 2),
+        }
+
+
+if __name__ == "__main__":
+    import sys
+
+    for p in sys.argv[1:]:
+        print(json.dumps(describe_robomimic_hdf5(p), indent=2))

@@ -1,0 +1,146 @@
+"""make_env(task) and a pool of environment worker processes for parallel rollouts.
+
+Every task is a ``gymnasium.Env`` with one convention: observation dict of uint8 HWC camera
+images and float32 low-dim vectors named as in the datasets, and ``info["success"]``.
+Workers are started with ``spawn``: forked OpenGL/EGL contexts crash.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+
+TASKS = ("pusht", "lift", "can")
+
+
+def make_env(task: str, **kwargs):
+    if task == "pusht":
+        from .pusht import PushTEnv
+
+        return PushTEnv(**kwargs)
+    if task in ("lift", "can"):
+        from .robosuite_tasks import RobosuiteEnv
+
+        return RobosuiteEnv(task, **kwargs)
+    raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+
+
+def env_kwargs_from_task(task_cfg: dict, image_size: int | None = None) -> dict:
+    """Constructor arguments for the task's environment, matching the policy's inputs."""
+    kwargs = dict(task_cfg.get("env", {}))
+    if task_cfg["name"] in ("lift", "can"):
+        kwargs["cameras"] = tuple(k[: -len("_image")] for k, s in task_cfg["input_shapes"].items() if len(s) == 3)
+    if image_size is not None:
+        kwargs["image_size"] = image_size
+    return kwargs
+
+
+def _worker(conn, task: str, kwargs: dict) -> None:
+    try:
+        env = make_env(task, **kwargs)
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ready", None))
+    while True:
+        cmd, arg = conn.recv()
+        try:
+            if cmd == "reset":
+                out = env.reset(seed=arg)[0]
+            elif cmd == "step":
+                out = env.step(arg)
+            elif cmd == "render":
+                out = env.render()
+            elif cmd == "close":
+                env.close()
+                conn.send(("ok", None))
+                return
+            else:
+                raise ValueError(f"unknown command {cmd!r}")
+            conn.send(("ok", out))
+        except Exception as exc:  # reported to the caller, which records the episode as failed
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class EnvError(RuntimeError):
+    pass
+
+
+class LocalEnv:
+    """Same calls as a worker, in this process (workers=0: tests, debugging)."""
+
+    def __init__(self, task: str, kwargs: dict):
+        self.env = make_env(task, **kwargs)
+
+    def send(self, cmd: str, arg=None) -> None:
+        self._pending = (cmd, arg)
+
+    def recv(self):
+        cmd, arg = self._pending
+        try:
+            if cmd == "reset":
+                return self.env.reset(seed=arg)[0]
+            if cmd == "step":
+                return self.env.step(arg)
+            if cmd == "render":
+                return self.env.render()
+        except Exception as exc:
+            raise EnvError(f"{type(exc).__name__}: {exc}") from exc
+        raise ValueError(cmd)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class WorkerEnv:
+    def __init__(self, task: str, kwargs: dict, ctx):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, task, kwargs), daemon=True)
+        self.proc.start()
+        status, msg = self.conn.recv()
+        if status != "ready":
+            raise EnvError(f"environment worker failed to start:\n{msg}")
+
+    def send(self, cmd: str, arg=None) -> None:
+        self.conn.send((cmd, arg))
+
+    def recv(self):
+        status, out = self.conn.recv()
+        if status != "ok":
+            raise EnvError(out)
+        return out
+
+    def close(self) -> None:
+        try:
+            self.conn.send(("close", None))
+            self.conn.recv()
+        except (EOFError, BrokenPipeError, OSError):
+            pass
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+class EnvPool:
+    """``max(1, workers)`` environments; with workers > 0 each lives in its own process."""
+
+    def __init__(self, task: str, kwargs: dict, workers: int = 0):
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0, got {workers}")
+        if workers == 0:
+            self.envs = [LocalEnv(task, kwargs)]
+        else:
+            ctx = mp.get_context("spawn")
+            self.envs = [WorkerEnv(task, kwargs, ctx) for _ in range(workers)]
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

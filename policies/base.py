@@ -1,0 +1,163 @@
+"""The policy interface every policy implements, its shared config, and the registry.
+
+Interface (lerobot-style): ``reset()``, ``select_action(obs)`` (one step, keeps an action queue),
+``predict_action_chunk(obs)`` (batched, stateless), ``compute_loss(batch)``.
+Glossary: To = n_obs_steps, T = horizon, Ta = n_action_steps, Da = action_dim.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from .normalize import Normalizer
+from .obs_encoder import ObsEncoder
+from .vision.vit import ViTConfig
+
+
+@dataclass
+class PolicyConfig:
+    # filled from the task: key -> shape; images are (C, H, W), low-dim (D,)
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    action_dim: int = 2
+    n_obs_steps: int = 2  # To
+    horizon: int = 16  # T
+    n_action_steps: int = 8  # Ta
+    crop_size: int = 84
+    share_vit: bool = False  # one ViT for all cameras, or one each
+    vit: ViTConfig = field(default_factory=ViTConfig)
+
+    def __post_init__(self):
+        if isinstance(self.vit, dict):
+            self.vit = ViTConfig(**self.vit)
+        self.input_shapes = {k: list(v) for k, v in self.input_shapes.items()}
+        for name in ("n_obs_steps", "horizon", "n_action_steps", "action_dim", "crop_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"policy.{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_obs_steps - 1 + self.n_action_steps > self.horizon:
+            raise ValueError(
+                f"policy.horizon ({self.horizon}) must cover n_obs_steps - 1 + n_action_steps "
+                f"({self.n_obs_steps - 1 + self.n_action_steps})"
+            )
+        for key in self.image_keys:
+            c, h, w = self.input_shapes[key]
+            if self.crop_size > min(h, w):
+                raise ValueError(f"policy.crop_size ({self.crop_size}) is larger than camera {key!r} ({h}x{w})")
+
+    @property
+    def image_keys(self) -> list[str]:
+        return [k for k, s in self.input_shapes.items() if len(s) == 3]
+
+    @property
+    def lowdim_keys(self) -> list[str]:
+        return [k for k, s in self.input_shapes.items() if len(s) == 1]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Policy(nn.Module):
+    name: ClassVar[str]
+    config_class: ClassVar[type[PolicyConfig]]
+
+    def __init__(self, config: PolicyConfig):
+        super().__init__()
+        self.config = config
+        dims = {k: config.input_shapes[k][0] for k in config.lowdim_keys}
+        dims["action"] = config.action_dim
+        self.normalizer = Normalizer(dims)
+        self.obs_encoder = ObsEncoder(config, self.normalizer)
+        self.reset()
+
+    # --- the interface -------------------------------------------------------------------
+    def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    def predict_action_chunk(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """obs[key]: (B, To, ...) -> unnormalized actions (B, Ta, Da) to execute from now on."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        self._obs_queue: deque = deque(maxlen=self.config.n_obs_steps)
+        self._action_queue: deque = deque()
+
+    @torch.no_grad()
+    def select_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """obs[key]: (B, ...) for one step -> action (B, Da); replans every Ta steps."""
+        if not self._obs_queue:  # first step of an episode: repeat it To times, as the sampler pads
+            self._obs_queue.extend([obs] * self.config.n_obs_steps)
+        else:
+            self._obs_queue.append(obs)
+        if not self._action_queue:
+            stacked = {k: torch.stack([o[k] for o in self._obs_queue], dim=1) for k in obs}  # (B, To, ...)
+            chunk = self.predict_action_chunk(stacked)  # (B, Ta, Da)
+            self._action_queue.extend(chunk.unbind(1))
+        return self._action_queue.popleft()
+
+    # --- shared helpers ------------------------------------------------------------------
+    def set_normalization(self, stats) -> None:
+        self.normalizer.set_stats(stats)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    if cls.name in POLICIES:
+        raise ValueError(f"policy {cls.name!r} is registered twice")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def _load_builtin_policies() -> None:
+    # importing the folders registers them; adding a policy = one folder + one import here
+    from . import bc, diffusion  # noqa: F401
+
+
+def get_policy_class(name: str) -> type[Policy]:
+    _load_builtin_policies()
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(sorted(POLICIES))}")
+    return POLICIES[name]
+
+
+def make_policy_config(name: str, **fields) -> PolicyConfig:
+    cls = get_policy_class(name).config_class
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"policy {name!r} has no config fields {unknown}; known fields: {sorted(known)}")
+    return cls(**fields)
+
+
+def make_policy(name: str, config: PolicyConfig | dict, stats=None) -> Policy:
+    if isinstance(config, dict):
+        config = make_policy_config(name, **config)
+    policy = get_policy_class(name)(config)
+    if stats is not None:
+        policy.set_normalization(stats)
+    return policy
+
+
+def policy_from_cfg(cfg: dict) -> tuple[str, PolicyConfig]:
+    """Combine the three config axes (task, policy, attention) into one typed policy config."""
+    fields = {k: v for k, v in dict(cfg["policy"]).items() if k != "name"}
+    task = cfg["task"]
+    fields["input_shapes"] = {k: list(v) for k, v in task["input_shapes"].items()}
+    fields["action_dim"] = task["action_dim"]
+    fields["crop_size"] = task["crop_size"]
+    vit = dict(fields.get("vit", {}))
+    patch = vit.get("patch_size", ViTConfig.patch_size)
+    vit["base_grid"] = [task["crop_size"] // patch] * 2
+    vit["attention"] = dict(cfg["attention"])
+    fields["vit"] = vit
+    name = cfg["policy"]["name"]
+    return name, make_policy_config(name, **fields)

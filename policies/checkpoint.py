@@ -1,0 +1,167 @@
+"""Checkpoints without pickles: safetensors weights + the resolved config as JSON.
+
+Layout of one checkpoint directory::
+
+    model.safetensors        the evaluation weights (EMA when training used EMA), normalizer included
+    config.json              {"policy": name, "policy_config": {...}, "cfg": <resolved Hydra config>}
+    training_state.safetensors + training_state.json   optimizer, scheduler, EMA and RNG state (resume only)
+
+Directories are written under a temporary name and renamed, so a crash never leaves a half
+checkpoint under a final name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from .base import Policy, make_policy
+
+
+# --- nested python state <-> (flat tensors, JSON skeleton) -------------------------------------
+def flatten_state(obj, prefix: str = "", tensors: dict | None = None):
+    """Replace every tensor/array in a nested structure by a reference into a flat dict."""
+    tensors = {} if tensors is None else tensors
+    if isinstance(obj, torch.Tensor):
+        tensors[prefix] = obj.detach().cpu().contiguous()
+        return {"__tensor__": prefix}, tensors
+    if isinstance(obj, np.ndarray):
+        tensors[prefix] = torch.from_numpy(np.ascontiguousarray(obj))
+        return {"__ndarray__": prefix}, tensors
+    if isinstance(obj, dict):
+        items = {}
+        for k, v in obj.items():
+            items[str(k)] = flatten_state(v, f"{prefix}.{k}" if prefix else str(k), tensors)[0]
+        return {"__dict__": items, "__intkeys__": all(isinstance(k, int) for k in obj) and bool(obj)}, tensors
+    if isinstance(obj, (list, tuple)):
+        seq = [flatten_state(v, f"{prefix}.{i}", tensors)[0] for i, v in enumerate(obj)]
+        return {"__list__": seq, "__tuple__": isinstance(obj, tuple)}, tensors
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item(), tensors
+    return obj, tensors
+
+
+def unflatten_state(skeleton, tensors: dict):
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            return tensors[skeleton["__tensor__"]]
+        if "__ndarray__" in skeleton:
+            return tensors[skeleton["__ndarray__"]].numpy()
+        if "__dict__" in skeleton:
+            out = {k: unflatten_state(v, tensors) for k, v in skeleton["__dict__"].items()}
+            return {int(k): v for k, v in out.items()} if skeleton["__intkeys__"] else out
+        if "__list__" in skeleton:
+            seq = [unflatten_state(v, tensors) for v in skeleton["__list__"]]
+            return tuple(seq) if skeleton["__tuple__"] else seq
+    return skeleton
+
+
+def rng_state() -> dict:
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- writing ----------------------------------------------------------------------------------
+def _atomic_dir(final: Path):
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _commit_dir(tmp: Path, final: Path) -> None:
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+
+
+def save_checkpoint(path, policy: Policy, cfg: dict | None = None, training_state: dict | None = None, eval_state_dict: dict | None = None) -> Path:
+    """Write one checkpoint directory atomically. ``eval_state_dict`` (EMA weights) replaces the
+    policy's own weights in model.safetensors when given."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _atomic_dir(final)
+    try:
+        weights = eval_state_dict if eval_state_dict is not None else policy.state_dict()
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        meta = {"policy": policy.name, "policy_config": policy.config.to_dict(), "cfg": cfg or {}}
+        (tmp / "config.json").write_text(json.dumps(meta, indent=2))
+        if training_state is not None:
+            skeleton, tensors = flatten_state(training_state)
+            save_file(tensors, str(tmp / "training_state.safetensors"))
+            (tmp / "training_state.json").write_text(json.dumps(skeleton))
+        _commit_dir(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return final
+
+
+# --- reading ----------------------------------------------------------------------------------
+def resolve_checkpoint(path) -> Path:
+    """A checkpoint directory, or a run directory (its checkpoints/last is used)."""
+    p = Path(path)
+    if (p / "model.safetensors").exists():
+        return p
+    last = p / "checkpoints" / "last"
+    if (last / "model.safetensors").exists():
+        return last
+    if (p / "last" / "model.safetensors").exists():
+        return p / "last"
+    raise FileNotFoundError(
+        f"no checkpoint at {p}: expected {p}/model.safetensors (a checkpoint directory) or "
+        f"{p}/checkpoints/last (a training run directory); train one with python train_policy.py"
+    )
+
+
+def read_checkpoint_meta(path) -> dict:
+    return json.loads((resolve_checkpoint(path) / "config.json").read_text())
+
+
+def load_policy(path, device="cpu", expected_policy: str | None = None, **config_overrides) -> Policy:
+    """Rebuild the policy from its saved config and load the evaluation weights."""
+    ckpt = resolve_checkpoint(path)
+    meta = read_checkpoint_meta(ckpt)
+    if expected_policy is not None and meta["policy"] != expected_policy:
+        raise ValueError(f"checkpoint {ckpt} holds a {meta['policy']!r} policy, not the requested {expected_policy!r}")
+    config = dict(meta["policy_config"])
+    config.update(config_overrides)
+    policy = make_policy(meta["policy"], config)
+    state = load_file(str(ckpt / "model.safetensors"))
+    missing, unexpected = policy.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {ckpt} does not match the {meta['policy']!r} model built from its config: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+        )
+    return policy.to(device).eval()
+
+
+def load_training_state(path) -> dict:
+    ckpt = resolve_checkpoint(path)
+    skeleton = json.loads((ckpt / "training_state.json").read_text())
+    return unflatten_state(skeleton, load_file(str(ckpt / "training_state.safetensors")))

@@ -1,0 +1,58 @@
+"""Diffusion Policy: denoise an action chunk conditioned on encoded observations."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from diffusers import DDIMScheduler, DDPMScheduler
+
+from ..base import Policy, register_policy
+from .configuration import DiffusionConfig
+from .unet1d import ConditionalUnet1D
+
+
+@register_policy
+class DiffusionPolicy(Policy):
+    name = "diffusion"
+    config_class = DiffusionConfig
+
+    def __init__(self, config: DiffusionConfig):
+        super().__init__(config)
+        c = config
+        self.unet = ConditionalUnet1D(
+            c.action_dim, c.n_obs_steps * self.obs_encoder.feature_dim, c.down_dims, c.kernel_size, c.n_groups, c.diffusion_step_embed_dim
+        )
+        sched = dict(
+            num_train_timesteps=c.num_train_timesteps,
+            beta_schedule=c.beta_schedule,
+            clip_sample=c.clip_sample,
+            prediction_type=c.prediction_type,
+        )
+        self.noise_scheduler = DDPMScheduler(**sched)
+        self.inference_scheduler = DDIMScheduler(**sched)
+
+    def compute_loss(self, batch):
+        c = self.config
+        cond = self.obs_encoder({k: batch[k][:, : c.n_obs_steps] for k in c.input_shapes})  # (B, To * F)
+        actions = self.normalizer.normalize("action", batch["action"])  # (B, T, Da)
+        noise = torch.randn_like(actions)
+        t = torch.randint(0, c.num_train_timesteps, (actions.shape[0],), device=actions.device)
+        noisy = self.noise_scheduler.add_noise(actions, noise, t)
+        pred = self.unet(noisy, t, cond)
+        target = noise if c.prediction_type == "epsilon" else actions
+        loss = F.mse_loss(pred, target)
+        return loss, {"loss": loss.item()}
+
+    @torch.no_grad()
+    def predict_action_chunk(self, obs, generator: torch.Generator | None = None):
+        c = self.config
+        cond = self.obs_encoder({k: obs[k] for k in c.input_shapes})  # (B, To * F)
+        b = cond.shape[0]
+        x = torch.randn(b, c.horizon, c.action_dim, device=cond.device, generator=generator)  # (B, T, Da)
+        sched = self.inference_scheduler
+        sched.set_timesteps(c.num_inference_steps, device=cond.device)
+        for t in sched.timesteps:
+            eps = self.unet(x, t.expand(b).to(cond.device), cond)
+            x = sched.step(eps, t, x, generator=generator).prev_sample
+        actions = self.normalizer.unnormalize("action", x)
+        start = c.n_obs_steps - 1  # the window's step "now": earlier actions are history
+        return actions[:, start : start + c.n_action_steps]  # (B, Ta, Da)

@@ -1,0 +1,57 @@
+"""Observations -> one conditioning vector: a ViT per camera (+ crop) and normalized low-dim."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .normalize import Normalizer
+from .vision.vit import ViT
+
+
+def crop_images(x: torch.Tensor, size: int, random: bool) -> torch.Tensor:
+    """(N, C, H, W) -> (N, C, size, size): a random crop per image in training, centre at evaluation."""
+    n, c, h, w = x.shape
+    if size > min(h, w):
+        raise ValueError(f"crop {size} is larger than the image {h}x{w}")
+    if not random:
+        top, left = (h - size) // 2, (w - size) // 2
+        return x[:, :, top : top + size, left : left + size]
+    top = torch.randint(0, h - size + 1, (n,), device=x.device)
+    left = torch.randint(0, w - size + 1, (n,), device=x.device)
+    ar = torch.arange(size, device=x.device)
+    rows = (top[:, None] + ar)[:, :, None]  # (N, size, 1)
+    cols = (left[:, None] + ar)[:, None, :]  # (N, 1, size)
+    batch = torch.arange(n, device=x.device)[:, None, None]
+    return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # (N, C, size, size)
+
+
+class ObsEncoder(nn.Module):
+    def __init__(self, config, normalizer: Normalizer):
+        super().__init__()
+        self.config = config
+        # a bound method, not a submodule: the policy owns the normalizer (one copy in the state dict)
+        self._normalize = normalizer.normalize
+        self.image_keys = config.image_keys
+        self.lowdim_keys = config.lowdim_keys
+        n_vits = 1 if config.share_vit else len(self.image_keys)
+        self.vits = nn.ModuleList(ViT(config.vit) for _ in range(n_vits))
+        self.feature_dim = len(self.image_keys) * config.vit.out_dim + sum(config.input_shapes[k][0] for k in self.lowdim_keys)
+
+    def crop_size_for(self, key: str, height: int) -> int:
+        """The training crop, scaled with the image when evaluating on larger renders."""
+        train_h = self.config.input_shapes[key][1]
+        return round(self.config.crop_size * height / train_h)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """obs[key]: (B, To, H, W, C) uint8 images or (B, To, D) low-dim -> (B, To * feature_dim)."""
+        feats = []
+        for i, key in enumerate(self.image_keys):
+            img = obs[key]
+            b, t = img.shape[:2]
+            x = img.reshape(b * t, *img.shape[2:]).permute(0, 3, 1, 2).float() / 255.0  # (B*To, C, H, W)
+            x = crop_images(x, self.crop_size_for(key, x.shape[-2]), random=self.training)
+            vit = self.vits[0 if self.config.share_vit else i]
+            feats.append(vit(x).reshape(b, t, -1))  # (B, To, out_dim)
+        for key in self.lowdim_keys:
+            feats.append(self._normalize(key, obs[key].float()))  # (B, To, D)
+        return torch.cat(feats, dim=-1).flatten(1)  # (B, To * feature_dim)

@@ -1,0 +1,203 @@
+"""Train a policy from demonstrations.
+
+    python train_policy.py task=pusht policy=diffusion attention=fibottention
+    python train_policy.py task=lift policy=bc attention=lookhere attention.variant=45 train.steps=5000
+    python train_policy.py ... resume=true        # continue the run in run_dir
+
+Writes run_dir/checkpoints/{step_N,last}/ (safetensors + config + normalization statistics),
+TensorBoard scalars in run_dir/tb and, if eval.num_episodes > 0, rollout summaries.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from datasets.factory import make_dataset
+from datasets.sampler import SequenceDataset, compute_stats, split_episodes
+from policies.base import make_policy, policy_from_cfg
+from policies.checkpoint import load_training_state, rng_state, save_checkpoint, set_rng_state
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device=cuda but no CUDA device is visible; use device=auto or device=cpu")
+    return torch.device(name)
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def infinite(loader):
+    epoch = 0
+    while True:
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def train(cfg: dict) -> Path:
+    """Train from a resolved config dict; returns the last checkpoint directory."""
+    from diffusers.optimization import get_scheduler
+    from diffusers.training_utils import EMAModel
+    from torch.utils.tensorboard import SummaryWriter
+
+    tcfg = cfg["train"]
+    run_dir = Path(cfg["run_dir"])
+    ckpt_dir = run_dir / "checkpoints"
+    if (ckpt_dir / "last").exists() and not cfg["resume"] and not cfg["overwrite"]:
+        raise FileExistsError(
+            f"{ckpt_dir / 'last'} exists: pass resume=true to continue that run, overwrite=true to start over, "
+            f"or choose another run_dir="
+        )
+    if tcfg.get("num_threads"):
+        torch.set_num_threads(int(tcfg["num_threads"]))
+    device = pick_device(cfg["device"])
+    torch.manual_seed(cfg["seed"])
+    np.random.seed(cfg["seed"])
+
+    # data: split by episode, statistics from the training episodes only
+    data = make_dataset(cfg["task"], tcfg.get("max_episodes"))
+    name, pconfig = policy_from_cfg(cfg)
+    train_eps, val_eps = split_episodes(data.num_episodes, tcfg["val_fraction"], cfg["seed"])
+    window = dict(n_obs_steps=pconfig.n_obs_steps, horizon=pconfig.horizon, n_action_steps=pconfig.n_action_steps)
+    obs_keys = list(pconfig.input_shapes)
+    train_set = SequenceDataset(data, obs_keys, train_eps, **window)
+    val_set = SequenceDataset(data, obs_keys, val_eps, **window) if len(val_eps) else None
+    stats = compute_stats(data, pconfig.lowdim_keys + ["action"], train_eps)
+
+    policy = make_policy(name, pconfig, stats).to(device)
+    loader = torch.utils.data.DataLoader(
+        train_set, batch_size=tcfg["batch_size"], shuffle=True, drop_last=len(train_set) >= tcfg["batch_size"],
+        num_workers=tcfg["num_workers"], persistent_workers=tcfg["num_workers"] > 0, pin_memory=device.type == "cuda",
+    )
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=tcfg["lr"], weight_decay=tcfg["weight_decay"], betas=(0.95, 0.999))
+    scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=tcfg["warmup_steps"], num_training_steps=tcfg["steps"])
+    ema = EMAModel(policy.parameters(), decay=tcfg["ema_max_decay"], use_ema_warmup=True, power=tcfg["ema_power"]) if tcfg["ema"] else None
+
+    step = 0
+    if cfg["resume"]:
+        state = load_training_state(ckpt_dir / "last")
+        policy.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if ema is not None:
+            ema.load_state_dict(state["ema"])
+        set_rng_state(state["rng"])
+        step = int(state["step"])
+        print(f"resumed {ckpt_dir / 'last'} at step {step}")
+
+    def eval_weights() -> dict:
+        if ema is None:
+            return policy.state_dict()
+        # EMA covers parameters; buffers (normalizer) come from the live model
+        ema.store(policy.parameters())
+        ema.copy_to(policy.parameters())
+        sd = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        ema.restore(policy.parameters())
+        return sd
+
+    def checkpoint(tag: str) -> Path:
+        training_state = {
+            "model": policy.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "ema": ema.state_dict() if ema is not None else {},
+            "rng": rng_state(),
+            "step": step,
+        }
+        weights = eval_weights()
+        save_checkpoint(ckpt_dir / tag, policy, cfg, training_state, weights)
+        return save_checkpoint(ckpt_dir / "last", policy, cfg, training_state, weights)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    writer = SummaryWriter(str(run_dir / "tb"))
+    print(
+        f"policy={name} attention={pconfig.vit.attention.kind} params={sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M "
+        f"episodes train/val={len(train_eps)}/{len(val_eps)} windows={len(train_set)} device={device} run_dir={run_dir}"
+    )
+    batches = infinite(loader)
+    bar = tqdm(total=tcfg["steps"], initial=step, desc="train", dynamic_ncols=True, mininterval=2.0)
+    t_last, n_last = time.perf_counter(), 0
+    policy.train()
+    while step < tcfg["steps"]:
+        batch = to_device(next(batches), device)
+        loss, info = policy.compute_loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), tcfg["grad_clip"])
+        optimizer.step()
+        scheduler.step()
+        if ema is not None:
+            ema.step(policy.parameters())
+        step += 1
+        n_last += len(batch["action"])
+        if not math.isfinite(info["loss"]):
+            raise FloatingPointError(f"loss became {info['loss']} at step {step}; lower train.lr or check the dataset")
+        if step % tcfg["log_every"] == 0 or step == tcfg["steps"]:
+            now = time.perf_counter()
+            sps = n_last / (now - t_last)
+            t_last, n_last = now, 0
+            writer.add_scalar("train/loss", info["loss"], step)
+            writer.add_scalar("train/grad_norm", float(grad_norm), step)
+            writer.add_scalar("train/lr", scheduler.get_last_lr()[0], step)
+            writer.add_scalar("train/samples_per_s", sps, step)
+            bar.set_postfix(loss=f"{info['loss']:.4f}", samples_s=f"{sps:.0f}")
+        bar.update(1)
+        if val_set is not None and (step % tcfg["val_every"] == 0 or step == tcfg["steps"]):
+            writer.add_scalar("val/loss", validate(policy, val_set, tcfg["batch_size"], device), step)
+        if step % tcfg["checkpoint_every"] == 0 or step == tcfg["steps"]:
+            last = checkpoint(f"step_{step:07d}")
+            ecfg = cfg["eval"]
+            if ecfg["num_episodes"] > 0 and ((ecfg["every"] and step % ecfg["every"] == 0) or step == tcfg["steps"]):
+                from rollout import evaluate_checkpoint
+
+                summary = evaluate_checkpoint(last, num_episodes=ecfg["num_episodes"], seed=ecfg["seed"], workers=ecfg["workers"],
+                                              out_dir=run_dir / "eval" / f"step_{step:07d}", device=device)
+                writer.add_scalar("eval/success_rate", summary["success_rate"], step)
+                writer.add_scalar("eval/mean_max_reward", summary["mean_max_reward"], step)
+                policy.train()
+    bar.close()
+    writer.close()
+    print(f"last checkpoint: {ckpt_dir / 'last'}")
+    return ckpt_dir / "last"
+
+
+@torch.no_grad()
+def validate(policy, dataset, batch_size: int, device, max_batches: int = 10) -> float:
+    # a fixed subset keeps validation cheap and comparable across steps
+    was_training = policy.training
+    policy.eval()
+    gen = torch.Generator().manual_seed(0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
+    losses = []
+    state = torch.get_rng_state()
+    torch.manual_seed(0)
+    for i, batch in enumerate(loader):
+        if i >= max_batches:
+            break
+        losses.append(policy.compute_loss(to_device(batch, device))[0].item())
+    torch.set_rng_state(state)
+    policy.train(was_training)
+    return float(np.mean(losses))
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def main(cfg: DictConfig) -> None:
+    train(OmegaConf.to_container(cfg, resolve=True))
+
+
+if __name__ == "__main__":
+    main()
