@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.cli import parse_key_values
 from envs.factory import EnvError, EnvPool, env_kwargs_from_task
 from policies.checkpoint import load_policy, read_checkpoint_meta, resolve_checkpoint
 
@@ -237,21 +238,13 @@ def format_summary(s: dict) -> str:
 USAGE = "usage: python rollout.py checkpoint=PATH [num_episodes=50] [seed=100000] [workers=0] [out_dir=DIR] [device=auto] [num_videos=3] [image_size=N] [max_steps=N] [global_slope=X] [num_inference_steps=N]"
 
 
-def parse_overrides(argv: list[str]) -> dict:
-    """``key=value`` arguments, as Hydra writes them, for a config with no groups."""
-    from omegaconf import OmegaConf
+DEFAULTS = {"checkpoint": None, "num_episodes": 50, "seed": EVAL_SEED_START, "workers": 0, "out_dir": None,
+            "device": "auto", "num_videos": 3, "image_size": None, "max_steps": None, "global_slope": None,
+            "num_inference_steps": None}
 
-    known = {"checkpoint": None, "num_episodes": 50, "seed": EVAL_SEED_START, "workers": 0, "out_dir": None,
-             "device": "auto", "num_videos": 3, "image_size": None, "max_steps": None, "global_slope": None,
-             "num_inference_steps": None}
-    args = dict(known)
-    for a in argv:
-        if "=" not in a:
-            raise SystemExit(f"argument {a!r} is not key=value\n{USAGE}")
-        k, v = a.split("=", 1)
-        if k not in known:
-            raise SystemExit(f"unknown argument {k!r}; known: {', '.join(known)}\n{USAGE}")
-        args[k] = OmegaConf.create({"v": v})["v"] if v != "null" else None
+
+def parse_overrides(argv: list[str]) -> dict:
+    args = parse_key_values(argv, DEFAULTS, USAGE)
     if args["checkpoint"] is None:
         raise SystemExit(f"checkpoint= is required\n{USAGE}")
     if args["seed"] < EVAL_SEED_START:

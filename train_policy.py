@@ -3,34 +3,41 @@
     python train_policy.py task=pusht policy=diffusion attention=fibottention
     python train_policy.py task=lift policy=bc attention=lookhere attention.variant=45 train.steps=5000
     python train_policy.py ... resume=true        # continue the run in run_dir
+    torchrun --nproc_per_node=2 train_policy.py ...   # DistributedDataParallel (gloo on CPU, NCCL on GPU)
 
 Writes run_dir/checkpoints/{step_N,last}/ (safetensors + config + normalization statistics),
 TensorBoard scalars in run_dir/tb and, if eval.num_episodes > 0, rollout summaries.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 import numpy as np
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from datasets.factory import make_dataset
 from datasets.sampler import SequenceDataset, compute_stats, split_episodes
-from policies.base import make_policy, policy_from_cfg
+from policies.base import Policy, make_policy, policy_from_cfg
 from policies.checkpoint import load_training_state, rng_state, save_checkpoint, set_rng_state
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda but no CUDA device is visible; use device=auto or device=cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device=cuda but no CUDA device is visible; use device=auto or device=cpu")
+        return torch.device("cuda", local_rank)
     return torch.device(name)
 
 
@@ -42,13 +49,58 @@ def infinite(loader):
     epoch = 0
     while True:
         if hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
+            loader.sampler.set_epoch(epoch)  # a new shard order each epoch, the same on every rank
         yield from loader
         epoch += 1
 
 
-def train(cfg: dict) -> Path:
-    """Train from a resolved config dict; returns the last checkpoint directory."""
+@dataclass
+class Distributed:
+    """torchrun's environment: rank 0 alone logs, writes checkpoints and runs rollouts."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def from_env(device_name: str) -> "Distributed":
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world == 1:
+            return Distributed()
+        if not dist.is_initialized():
+            use_nccl = torch.cuda.is_available() and device_name in ("auto", "cuda")
+            dist.init_process_group(backend="nccl" if use_nccl else "gloo")
+        return Distributed(dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")), dist.get_world_size())
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+
+class _LossModule(torch.nn.Module):
+    """DDP synchronises gradients through forward(); policies expose compute_loss instead."""
+
+    def __init__(self, policy: Policy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, batch):
+        return self.policy.compute_loss(batch)
+
+
+@dataclass
+class TrainResult:
+    checkpoint: Path | None  # run_dir/checkpoints/last (None on ranks > 0)
+    policy: Policy
+    step: int
+
+
+def train(cfg: dict) -> TrainResult:
+    """Train from a resolved config dict."""
     from diffusers.optimization import get_scheduler
     from diffusers.training_utils import EMAModel
     from torch.utils.tensorboard import SummaryWriter
@@ -63,9 +115,23 @@ def train(cfg: dict) -> Path:
         )
     if tcfg.get("num_threads"):
         torch.set_num_threads(int(tcfg["num_threads"]))
-    device = pick_device(cfg["device"])
+    if tcfg["precision"] not in ("fp32", "bf16"):
+        raise ValueError(f"train.precision={tcfg['precision']!r} is unknown; choose fp32 or bf16")
+    ddp = Distributed.from_env(cfg["device"])
+    device = pick_device(cfg["device"], ddp.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # the same initial weights on every rank; different augmentation and noise draws per rank
     torch.manual_seed(cfg["seed"])
     np.random.seed(cfg["seed"])
+
+    # effective (global) batch and learning rate, explicit whatever the process count
+    if tcfg["scale_lr_with_world_size"]:
+        per_rank_batch, lr = tcfg["batch_size"], tcfg["lr"] * ddp.world_size
+    else:
+        if tcfg["batch_size"] % ddp.world_size:
+            raise ValueError(f"train.batch_size ({tcfg['batch_size']}) must be divisible by the {ddp.world_size} processes")
+        per_rank_batch, lr = tcfg["batch_size"] // ddp.world_size, tcfg["lr"]
 
     # data: split by episode, statistics from the training episodes only
     data = make_dataset(cfg["task"], tcfg.get("max_episodes"))
@@ -78,11 +144,15 @@ def train(cfg: dict) -> Path:
     stats = compute_stats(data, pconfig.lowdim_keys + ["action"], train_eps)
 
     policy = make_policy(name, pconfig, stats).to(device)
+    sampler = None
+    if ddp.world_size > 1:  # each process sees its own shard of the windows
+        sampler = torch.utils.data.DistributedSampler(train_set, ddp.world_size, ddp.rank, shuffle=True, seed=cfg["seed"], drop_last=True)
     loader = torch.utils.data.DataLoader(
-        train_set, batch_size=tcfg["batch_size"], shuffle=True, drop_last=len(train_set) >= tcfg["batch_size"],
+        train_set, batch_size=per_rank_batch, shuffle=sampler is None, sampler=sampler,
+        drop_last=len(train_set) >= per_rank_batch * ddp.world_size,
         num_workers=tcfg["num_workers"], persistent_workers=tcfg["num_workers"] > 0, pin_memory=device.type == "cuda",
     )
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=tcfg["lr"], weight_decay=tcfg["weight_decay"], betas=(0.95, 0.999))
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=tcfg["weight_decay"], betas=(0.95, 0.999))
     scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=tcfg["warmup_steps"], num_training_steps=tcfg["steps"])
     ema = EMAModel(policy.parameters(), decay=tcfg["ema_max_decay"], use_ema_warmup=True, power=tcfg["ema_power"]) if tcfg["ema"] else None
 
@@ -91,12 +161,26 @@ def train(cfg: dict) -> Path:
         state = load_training_state(ckpt_dir / "last")
         policy.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        for group in optimizer.param_groups:  # a resumed run may have a different process count
+            group["initial_lr"] = lr
         scheduler.load_state_dict(state["scheduler"])
+        scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
         if ema is not None:
             ema.load_state_dict(state["ema"])
         set_rng_state(state["rng"])
         step = int(state["step"])
-        print(f"resumed {ckpt_dir / 'last'} at step {step}")
+        if ddp.is_main:
+            print(f"resumed {ckpt_dir / 'last'} at step {step}")
+    torch.manual_seed(cfg["seed"] * 1000 + ddp.rank + step)  # per-rank crops and noise
+
+    model = _LossModule(policy)
+    if ddp.world_size > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    amp = tcfg["precision"] == "bf16"
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if amp else contextlib.nullcontext
+    step_fn = model
+    if tcfg["compile"]:
+        step_fn = torch.compile(model)
 
     def eval_weights() -> dict:
         if ema is None:
@@ -116,25 +200,31 @@ def train(cfg: dict) -> Path:
             "ema": ema.state_dict() if ema is not None else {},
             "rng": rng_state(),
             "step": step,
+            "world_size": ddp.world_size,
         }
         weights = eval_weights()
         save_checkpoint(ckpt_dir / tag, policy, cfg, training_state, weights)
         return save_checkpoint(ckpt_dir / "last", policy, cfg, training_state, weights)
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-    writer = SummaryWriter(str(run_dir / "tb"))
-    print(
-        f"policy={name} attention={pconfig.vit.attention.kind} params={sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M "
-        f"episodes train/val={len(train_eps)}/{len(val_eps)} windows={len(train_set)} device={device} run_dir={run_dir}"
-    )
+    writer = None
+    if ddp.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+        writer = SummaryWriter(str(run_dir / "tb"))
+        print(
+            f"policy={name} attention={pconfig.vit.attention.kind} params={sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M "
+            f"episodes train/val={len(train_eps)}/{len(val_eps)} windows={len(train_set)} device={device} "
+            f"processes={ddp.world_size} batch={per_rank_batch}x{ddp.world_size} lr={lr:g} run_dir={run_dir}"
+        )
     batches = infinite(loader)
-    bar = tqdm(total=tcfg["steps"], initial=step, desc="train", dynamic_ncols=True, mininterval=2.0)
+    bar = tqdm(total=tcfg["steps"], initial=step, desc="train", dynamic_ncols=True, mininterval=2.0, disable=not ddp.is_main)
     t_last, n_last = time.perf_counter(), 0
+    last = ckpt_dir / "last"
     policy.train()
     while step < tcfg["steps"]:
         batch = to_device(next(batches), device)
-        loss, info = policy.compute_loss(batch)
+        with autocast():
+            loss, info = step_fn(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), tcfg["grad_clip"])
@@ -143,10 +233,10 @@ def train(cfg: dict) -> Path:
         if ema is not None:
             ema.step(policy.parameters())
         step += 1
-        n_last += len(batch["action"])
+        n_last += len(batch["action"]) * ddp.world_size
         if not math.isfinite(info["loss"]):
             raise FloatingPointError(f"loss became {info['loss']} at step {step}; lower train.lr or check the dataset")
-        if step % tcfg["log_every"] == 0 or step == tcfg["steps"]:
+        if ddp.is_main and (step % tcfg["log_every"] == 0 or step == tcfg["steps"]):
             now = time.perf_counter()
             sps = n_last / (now - t_last)
             t_last, n_last = now, 0
@@ -156,35 +246,37 @@ def train(cfg: dict) -> Path:
             writer.add_scalar("train/samples_per_s", sps, step)
             bar.set_postfix(loss=f"{info['loss']:.4f}", samples_s=f"{sps:.0f}")
         bar.update(1)
-        if val_set is not None and (step % tcfg["val_every"] == 0 or step == tcfg["steps"]):
-            writer.add_scalar("val/loss", validate(policy, val_set, tcfg["batch_size"], device), step)
+        if ddp.is_main and val_set is not None and (step % tcfg["val_every"] == 0 or step == tcfg["steps"]):
+            writer.add_scalar("val/loss", validate(policy, val_set, per_rank_batch, device), step)
         if step % tcfg["checkpoint_every"] == 0 or step == tcfg["steps"]:
-            last = checkpoint(f"step_{step:07d}")
-            ecfg = cfg["eval"]
-            if ecfg["num_episodes"] > 0 and ((ecfg["every"] and step % ecfg["every"] == 0) or step == tcfg["steps"]):
-                from rollout import evaluate_checkpoint
+            if ddp.is_main:
+                last = checkpoint(f"step_{step:07d}")
+                ecfg = cfg["eval"]
+                if ecfg["num_episodes"] > 0 and ((ecfg["every"] and step % ecfg["every"] == 0) or step == tcfg["steps"]):
+                    from rollout import evaluate_checkpoint
 
-                summary = evaluate_checkpoint(last, num_episodes=ecfg["num_episodes"], seed=ecfg["seed"], workers=ecfg["workers"],
-                                              out_dir=run_dir / "eval" / f"step_{step:07d}", device=device)
-                writer.add_scalar("eval/success_rate", summary["success_rate"], step)
-                writer.add_scalar("eval/mean_max_reward", summary["mean_max_reward"], step)
-                policy.train()
+                    summary = evaluate_checkpoint(last, num_episodes=ecfg["num_episodes"], seed=ecfg["seed"], workers=ecfg["workers"],
+                                                  out_dir=run_dir / "eval" / f"step_{step:07d}", device=device)
+                    writer.add_scalar("eval/success_rate", summary["success_rate"], step)
+                    writer.add_scalar("eval/mean_max_reward", summary["mean_max_reward"], step)
+                    policy.train()
+            ddp.barrier()
     bar.close()
-    writer.close()
-    print(f"last checkpoint: {ckpt_dir / 'last'}")
-    return ckpt_dir / "last"
+    if writer is not None:
+        writer.close()
+        print(f"last checkpoint: {last}")
+    return TrainResult(last if ddp.is_main else None, policy, step)
 
 
 @torch.no_grad()
 def validate(policy, dataset, batch_size: int, device, max_batches: int = 10) -> float:
-    # a fixed subset keeps validation cheap and comparable across steps
+    # a fixed subset and fixed noise keep validation comparable across steps
     was_training = policy.training
     policy.eval()
-    gen = torch.Generator().manual_seed(0)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
-    losses = []
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
     state = torch.get_rng_state()
     torch.manual_seed(0)
+    losses = []
     for i, batch in enumerate(loader):
         if i >= max_batches:
             break
@@ -197,6 +289,8 @@ def validate(policy, dataset, batch_size: int, device, max_batches: int = 10) ->
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
     train(OmegaConf.to_container(cfg, resolve=True))
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.cli import parse_key_values
+
 from .episodes import atomic_output
 
 TASKS = {"pusht": "envs.experts.pusht", "lift": "envs.experts.lift", "can": "envs.experts.can"}
@@ -112,16 +114,7 @@ def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int =
 
 
 def parse_args(argv: list[str]) -> dict:
-    from omegaconf import OmegaConf
-
-    args = dict(DEFAULTS)
-    for a in argv:
-        if "=" not in a:
-            raise SystemExit(f"argument {a!r} is not key=value\n{USAGE}")
-        k, v = a.split("=", 1)
-        if k not in DEFAULTS:
-            raise SystemExit(f"unknown argument {k!r}; known: {', '.join(DEFAULTS)}\n{USAGE}")
-        args[k] = None if v == "null" else OmegaConf.create({"v": v})["v"]
+    args = parse_key_values(argv, DEFAULTS, USAGE)
     if not args["task"] or not args["out"]:
         raise SystemExit(f"task= and out= are required\n{USAGE}")
     return args

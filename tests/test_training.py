@@ -46,7 +46,7 @@ def test_one_training_step_is_finite_and_updates_parameters(tmp_path, tiny_pusht
 @pytest.mark.parametrize("policy_name", POLICY_NAMES)
 def test_train_checkpoint_load_gives_identical_actions(tmp_path, tiny_pusht_zarr, policy_name):
     cfg = tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy_name, "lookhere")
-    last = train(cfg)
+    last = train(cfg).checkpoint
     meta = read_checkpoint_meta(last)
     assert meta["policy"] == policy_name and meta["cfg"]["attention"]["kind"] == "lookhere"
     state = load_file(str(last / "model.safetensors"))
@@ -82,7 +82,7 @@ def test_resume_continues_the_step_count(tmp_path, tiny_pusht_zarr):
 
 def test_checkpoint_of_another_policy_is_refused(tmp_path, tiny_pusht_zarr):
     cfg = tiny_train_cfg(tmp_path, tiny_pusht_zarr)
-    last = train(cfg)
+    last = train(cfg).checkpoint
     with pytest.raises(ValueError, match="holds a 'diffusion' policy, not the requested 'bc'"):
         load_policy(last, expected_policy="bc")
 

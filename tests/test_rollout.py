@@ -1,0 +1,52 @@
+"""rollout.py on a tiny checkpoint: one short PushT episode writes the JSON summary."""
+import json
+import math
+
+import pytest
+
+import rollout
+from tests.conftest import tiny_train_cfg
+from train_policy import train
+
+
+def test_wilson_interval_known_values():
+    lo, hi = rollout.wilson_interval(0, 50)
+    assert lo == 0.0 and hi == pytest.approx(0.0714, abs=1e-3)
+    lo, hi = rollout.wilson_interval(45, 50)
+    assert (lo, hi) == (pytest.approx(0.7864, abs=1e-3), pytest.approx(0.9565, abs=1e-3))
+    assert rollout.wilson_interval(50, 50)[1] == 1.0
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, tiny_pusht_zarr):
+    tmp = tmp_path_factory.mktemp("ckpt")
+    return train(tiny_train_cfg(tmp, tiny_pusht_zarr, attention="fibottention")).checkpoint
+
+
+def test_rollout_cli_writes_summary(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "eval"
+    summary = rollout.main([f"checkpoint={tiny_checkpoint.parent.parent}", "num_episodes=1", "max_steps=6",
+                            f"out_dir={out}", "num_videos=1", "device=cpu"])
+    written = json.loads((out / "summary.json").read_text())
+    assert written["num_episodes"] == 1 and written["seed_start"] == 100000
+    assert written["episodes"][0]["steps"] == 6  # untrained: runs to the step limit
+    assert 0.0 <= written["mean_max_coverage"] <= 1.0
+    assert written["success_rate_ci95"][0] == 0.0 or written["successes"] == 1
+    assert math.isfinite(written["seconds_per_episode"])
+    assert (out / "videos" / "episode_100000.mp4").stat().st_size > 0
+    assert "success 0/1" in capsys.readouterr().out or summary["successes"] == 1
+
+
+def test_rollout_with_worker_processes(tiny_checkpoint):
+    s = rollout.evaluate_checkpoint(tiny_checkpoint, num_episodes=3, workers=2, max_steps=4, num_videos=0, progress=False)
+    assert [e["seed"] for e in s["episodes"]] == [100000, 100001, 100002]
+    assert all(e["steps"] == 4 for e in s["episodes"])
+
+
+def test_rollout_bad_arguments():
+    with pytest.raises(SystemExit, match="checkpoint= is required"):
+        rollout.main(["num_episodes=1"])
+    with pytest.raises(SystemExit, match="unknown argument 'episodes'"):
+        rollout.main(["checkpoint=x", "episodes=3"])
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        rollout.main(["checkpoint=/nonexistent"])
