@@ -45,14 +45,9 @@ def tiny_pusht_zarr(tmp_path_factory):
 
 
 def compose(overrides: list[str]) -> dict:
-    """The same config train_policy.py builds from its command line."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
+    from common.config import compose_config
 
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
-    return OmegaConf.to_container(cfg, resolve=True)
+    return compose_config(overrides)
 
 
 def tiny_train_cfg(tmp_path, dataset, policy="diffusion", attention="fibottention", extra=()):

@@ -112,6 +112,8 @@ class Attention(nn.Module):
         self.pattern = pattern
         self.impl = impl
         self.attn_drop = attn_drop
+        self.capture = False  # analysis hook: keep this call's q, k and per-head outputs
+        self.captured: dict | None = None
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
@@ -121,5 +123,7 @@ class Attention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, heads, N, head_dim)
         drop = self.attn_drop if self.training else 0.0
         out = attend(q, k, v, self.pattern, grid, num_prefix, self.impl, drop)  # (B, heads, N, head_dim)
+        if self.capture:
+            self.captured = {"q": q.detach(), "k": k.detach(), "out": out.detach(), "grid": grid, "num_prefix": num_prefix}
         out = out.transpose(1, 2).reshape(B, N, C)  # (B, N, C)
         return self.proj(out)

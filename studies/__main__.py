@@ -1,0 +1,275 @@
+"""The five studies, one command each; tables, JSON and plots go to results/<study>/.
+
+    python -m studies main --budget small --tasks lift,pusht
+    python -m studies data_efficiency --budget small --tasks lift
+    python -m studies robustness --budget small --tasks lift
+    python -m studies resolution --budget small --tasks lift
+    python -m studies diversity --budget small --tasks lift
+
+``--budget small`` fits a 2-core CPU; ``--budget full`` is the paper-scale protocol for a GPU.
+Finished cells are cached under results/cells/, so an interrupted study resumes.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from studies import common
+from studies.common import BUDGETS, Cell, eval_cell, fmt_rate, pooled, train_cell, train_seconds, write_results
+from studies.corruptions import CORRUPTIONS, obs_corruptor
+
+TRAIN_SIZE = {"pusht": 96, "lift": 84, "can": 84}
+EVAL_SIZES = {"pusht": [96, 128], "lift": [84, 112, 128], "can": [84, 112, 128]}
+STUDIES = ("main", "data_efficiency", "robustness", "resolution", "diversity")
+
+
+def cells_for(args, task, budget, extra=()):
+    return [Cell(task, p, a, s, budget["steps"][task], budget["batch_size"], list(args.extra) + list(extra))
+            for p in budget["policies"] for a in budget["attentions"] for s in budget["seeds"]]
+
+
+def eval_kwargs(args, budget):
+    kw = dict(num_episodes=budget["episodes"], workers=budget["workers"], progress=False)
+    if args.max_steps:
+        kw["max_steps"] = args.max_steps
+    return kw
+
+
+def run_main(args, budget):
+    rows = []
+    cells = [c for t in args.tasks for c in cells_for(args, t, budget)]
+    for c in tqdm(cells, desc="main: train+eval", unit="cell"):
+        train_cell(c, log=tqdm.write)
+        eval_cell(c, "clean", **eval_kwargs(args, budget))
+    for t in args.tasks:
+        for p in budget["policies"]:
+            for a in budget["attentions"]:
+                group = [c for c in cells if (c.task, c.policy, c.attention) == (t, p, a)]
+                pool = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
+                secs = [train_seconds(c) for c in group]
+                rows.append({"task": t, "policy": p, "attention": a, "success": fmt_rate(pool), **pool,
+                             "coverage": f"{pool['mean_max_coverage']:.3f}" if "mean_max_coverage" in pool else "",
+                             "train_min": f"{np.mean([s for s in secs if s]) / 60:.1f}" if any(secs) else ""})
+
+    def plot(plt):
+        fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows)), 3))
+        labels = [f"{r['task']}\n{r['policy']}\n{r['attention']}" for r in rows]
+        rates = [r["success_rate"] for r in rows]
+        err = [[r["success_rate"] - r["ci95"][0] for r in rows], [r["ci95"][1] - r["success_rate"] for r in rows]]
+        ax.bar(range(len(rows)), rates, yerr=err, capsize=3, color="tab:blue")
+        ax.set_xticks(range(len(rows)), labels, fontsize=7)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("success rate (95% Wilson)")
+        return fig
+
+    return write_results("main", rows, [("task", "task"), ("policy", "policy"), ("attention", "attention"),
+                                        ("success", "success [95% CI] (k/n)"), ("coverage", "mean max coverage"),
+                                        ("train_min", "train minutes / seed")],
+                         title="Main comparison: task x policy x attention", plot=plot,
+                         notes=f"Budget `{args.budget}`: seeds {budget['seeds']}, {budget['episodes']} evaluation episodes per seed "
+                               f"on held-out seeds from 100000, steps {budget['steps']}.")
+
+
+def run_data_efficiency(args, budget):
+    rows = []
+    for t in args.tasks:
+        for n in tqdm(budget["demos"], desc=f"data efficiency {t}", unit="size"):
+            for c_att in budget["attentions"]:
+                group = [Cell(t, p, c_att, s, budget["steps"][t], budget["batch_size"], list(args.extra) + [f"train.max_episodes={n}"])
+                         for p in budget["policies"][:1] for s in budget["seeds"]]
+                for c in group:
+                    train_cell(c, log=tqdm.write)
+                pool = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
+                rows.append({"task": t, "demos": n, "attention": c_att, "policy": budget["policies"][0], "success": fmt_rate(pool), **pool})
+
+    def plot(plt):
+        fig, ax = plt.subplots(figsize=(4.5, 3))
+        for t in args.tasks:
+            for a in budget["attentions"]:
+                rr = [r for r in rows if r["task"] == t and r["attention"] == a]
+                ax.errorbar([r["demos"] for r in rr], [r["success_rate"] for r in rr],
+                            yerr=[[r["success_rate"] - r["ci95"][0] for r in rr], [r["ci95"][1] - r["success_rate"] for r in rr]],
+                            marker="o", capsize=3, label=f"{t} {a}")
+        ax.set_xscale("log")
+        ax.set_xlabel("demonstrations")
+        ax.set_ylabel("success rate")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=7)
+        return fig
+
+    return write_results("data_efficiency", rows, [("task", "task"), ("policy", "policy"), ("demos", "demos"),
+                                                   ("attention", "attention"), ("success", "success [95% CI] (k/n)")],
+                         title="Data efficiency: success vs number of demonstrations", plot=plot)
+
+
+def run_robustness(args, budget):
+    rows = []
+    for t in args.tasks:
+        image_keys = [k for k in (["image"] if t == "pusht" else ["agentview_image", "robot0_eye_in_hand_image"])]
+        for c in tqdm(cells_for(args, t, budget), desc=f"robustness {t}", unit="cell"):
+            train_cell(c, log=tqdm.write)
+        for p in budget["policies"]:
+            for a in budget["attentions"]:
+                group = [c for c in cells_for(args, t, budget) if (c.policy, c.attention) == (p, a)]
+                row = {"task": t, "policy": p, "attention": a}
+                clean = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
+                row["clean"] = f"{100 * clean['success_rate']:.0f}%"
+                row["rates"] = {"clean": clean["success_rate"]}
+                for kind in CORRUPTIONS:
+                    for sev in (1, 2, 3):
+                        res = pooled([eval_cell(c, f"{kind}_{sev}", obs_transform=obs_corruptor(kind, sev, image_keys), **eval_kwargs(args, budget))
+                                      for c in group])
+                        row[f"{kind}_{sev}"] = f"{100 * res['success_rate']:.0f}%"
+                        row["rates"][f"{kind}_{sev}"] = res["success_rate"]
+                rows.append(row)
+    cols = [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("clean", "clean")]
+    cols += [(f"{k}_{s}", f"{k} {s}") for k in CORRUPTIONS for s in (1, 2, 3)]
+
+    def plot(plt):
+        fig, axes = plt.subplots(1, len(CORRUPTIONS), figsize=(3 * len(CORRUPTIONS), 2.8), sharey=True)
+        for ax, kind in zip(axes, CORRUPTIONS):
+            for r in rows:
+                ax.plot([0, 1, 2, 3], [r["rates"]["clean"]] + [r["rates"][f"{kind}_{s}"] for s in (1, 2, 3)], marker="o",
+                        label=f"{r['task']} {r['policy']} {r['attention']}")
+            ax.set_title(kind, fontsize=9)
+            ax.set_xlabel("severity")
+            ax.set_ylim(0, 1.05)
+        axes[0].set_ylabel("success rate")
+        axes[-1].legend(fontsize=6)
+        return fig
+
+    return write_results("robustness", rows, cols, title="Robustness: success under image corruptions", plot=plot,
+                         notes="Corruptions are applied to every camera image the policy sees; severity 0 = clean.")
+
+
+def run_resolution(args, budget):
+    rows = []
+    for t in args.tasks:
+        for c in tqdm(cells_for(args, t, budget), desc=f"resolution {t}", unit="cell"):
+            train_cell(c, log=tqdm.write)
+        for p in budget["policies"]:
+            for a in budget["attentions"]:
+                group = [c for c in cells_for(args, t, budget) if (c.policy, c.attention) == (p, a)]
+                variants = [(a, None)]
+                if a.startswith("lookhere"):
+                    variants.append((f"{a} (s_g scaled)", "scaled"))
+                for label, slope in variants:
+                    row = {"task": t, "policy": p, "attention": label, "rates": {}}
+                    for size in EVAL_SIZES[t]:
+                        kw = dict(eval_kwargs(args, budget), image_size=size)
+                        if slope == "scaled":  # the paper lowers the global slope on larger images
+                            kw["global_slope"] = TRAIN_SIZE[t] / size
+                        res = pooled([eval_cell(c, f"size{size}{'_slope' if slope else ''}", **kw) for c in group])
+                        row[f"size{size}"] = f"{100 * res['success_rate']:.0f}%"
+                        row["rates"][size] = res["success_rate"]
+                    rows.append(row)
+    sizes = sorted({s for t in args.tasks for s in EVAL_SIZES[t]})
+    cols = [("task", "task"), ("policy", "policy"), ("attention", "attention")] + [(f"size{s}", f"{s} px") for s in sizes]
+
+    def plot(plt):
+        fig, ax = plt.subplots(figsize=(4.5, 3))
+        for r in rows:
+            xs = sorted(r["rates"])
+            ax.plot(xs, [r["rates"][x] for x in xs], marker="o", label=f"{r['task']} {r['attention']}")
+        ax.set_xlabel("evaluation image size (px)")
+        ax.set_ylabel("success rate")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=6)
+        return fig
+
+    return write_results("resolution", rows, cols, title="Larger images at test time", plot=plot,
+                         notes="Trained at the task's native size; cameras rendered larger at evaluation, crops scaled with "
+                               "them. Full/Fibottention interpolate their learned position embedding; LookHere rebuilds its masks.")
+
+
+def run_diversity(args, budget):
+    from datasets.factory import make_dataset
+    from policies.checkpoint import load_policy, read_checkpoint_meta
+    from policies.obs_encoder import crop_images
+    from studies.diversity import attention_maps, encoder_diversity
+
+    rows, maps = [], {}
+    for t in args.tasks:
+        cells = [c for c in cells_for(args, t, budget) if c.seed == budget["seeds"][0]]
+        for c in cells:
+            train_cell(c, log=tqdm.write)
+        meta = read_checkpoint_meta(cells[0].run_dir / "checkpoints" / "last")
+        data = make_dataset(meta["cfg"]["task"])
+        idx = np.linspace(0, data.num_frames - 1, 32).astype(int)
+        for c in cells:
+            policy = load_policy(c.run_dir / "checkpoints" / "last")
+            enc = policy.obs_encoder
+            key = policy.config.image_keys[0]  # the first camera's encoder
+            x = torch.from_numpy(data.data[key][idx]).permute(0, 3, 1, 2).float() / 255.0  # (32, C, H, W)
+            x = crop_images(x, enc.crop_size_for(key, x.shape[-2]), random=False)
+            vit = enc.vits[0]
+            layers = encoder_diversity(vit, x)
+            rows.append({"task": t, "policy": c.policy, "attention": c.attention,
+                         "diversity": f"{np.mean([l['diversity'] for l in layers]):.3f}",
+                         "per_layer": ", ".join(f"{l['diversity']:.3f}" for l in layers),
+                         "layers": [{"diversity": l["diversity"], "mean_cka": l["mean_cka"]} for l in layers]})
+            maps[(t, c.policy, c.attention)] = (attention_maps(vit, x[:1])[-1], x[0])
+
+    def plot(plt):
+        n = len(maps)
+        heads = max(m.shape[0] for m, _ in maps.values())
+        fig, axes = plt.subplots(n, heads + 1, figsize=(1.6 * (heads + 1), 1.7 * n), squeeze=False)
+        for r, ((t, p, a), (m, img)) in enumerate(maps.items()):
+            axes[r, 0].imshow(img.permute(1, 2, 0).numpy())
+            axes[r, 0].set_ylabel(f"{t}\n{p}\n{a}", fontsize=7)
+            for h in range(heads):
+                ax = axes[r, h + 1]
+                if h < m.shape[0]:
+                    ax.imshow(m[h].numpy(), cmap="magma")
+                    if r == 0:
+                        ax.set_title(f"head {h}", fontsize=7)
+            for ax in axes[r]:
+                ax.set_xticks([])
+                ax.set_yticks([])
+        return fig
+
+    return write_results("diversity", rows, [("task", "task"), ("policy", "policy"), ("attention", "attention"),
+                                             ("diversity", "diversity (1 - mean CKA)"), ("per_layer", "per layer")],
+                         title="Head diversity of the visual encoders", plot=plot,
+                         notes="Diversity = 1 - mean pairwise linear CKA between the heads' outputs on 32 dataset frames; "
+                               "0 means identical heads. The plot shows each head's attention (last layer, CLS query) on one frame.")
+
+
+RUNNERS = {"main": run_main, "data_efficiency": run_data_efficiency, "robustness": run_robustness,
+           "resolution": run_resolution, "diversity": run_diversity}
+
+
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(prog="python -m studies", description=__doc__.splitlines()[0])
+    parser.add_argument("study", choices=STUDIES)
+    parser.add_argument("--budget", choices=sorted(BUDGETS) + ["tiny"], default="full")
+    parser.add_argument("--tasks", default="lift", help="comma-separated: pusht,lift,can")
+    parser.add_argument("--policies", help="override the budget's policies, comma-separated (bc,diffusion)")
+    parser.add_argument("--attentions", help="override the budget's attention kinds (full,fibottention,lookhere,lookhere:45)")
+    parser.add_argument("--max-steps", type=int, help="cap evaluation episodes at this many steps")
+    parser.add_argument("--results", default=str(common.RESULTS), help="results root (default results/)")
+    parser.add_argument("extra", nargs="*", help="extra training overrides for every cell, e.g. policy.vit.dim=64")
+    args = parser.parse_intermixed_args(argv)
+    args.tasks = args.tasks.split(",")
+    common.RESULTS = Path(args.results)
+    common.CELLS = common.RESULTS / "cells"
+    budget = dict(TINY if args.budget == "tiny" else BUDGETS[args.budget])
+    if args.policies:
+        budget["policies"] = args.policies.split(",")
+    if args.attentions:
+        budget["attentions"] = args.attentions.split(",")
+    out = RUNNERS[args.study](args, budget)
+    print((out / "table.md").read_text())
+    return out
+
+
+# seconds-long end-to-end runs for the tests
+TINY = {"seeds": [0], "episodes": 1, "workers": 0, "steps": {"lift": 2, "can": 2, "pusht": 2}, "batch_size": 4,
+        "demos": [2], "policies": ["bc"], "attentions": ["full", "lookhere"]}
+
+if __name__ == "__main__":
+    main()

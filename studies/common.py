@@ -1,0 +1,170 @@
+"""Shared machinery of the studies: cached training/evaluation cells and result writing.
+
+A cell is one training run identified by its config overrides; its directory name is a hash of
+them, so every study reuses the checkpoints another study already trained (the robustness and
+resolution studies evaluate the main comparison's checkpoints). A finished cell is skipped, an
+interrupted one resumes from its last checkpoint, and each evaluation is cached as JSON.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESULTS = Path("results")
+CELLS = RESULTS / "cells"  # checkpoints live here and stay out of git
+
+# Budgets: "small" fits a 2-core CPU machine; "full" is the protocol for a GPU.
+BUDGETS = {
+    "small": {
+        "seeds": [0],
+        "episodes": 20,
+        "workers": 2,
+        "steps": {"lift": 3000, "can": 6000, "pusht": 6000},
+        "batch_size": 64,
+        "demos": [10, 25, 50],
+        "policies": ["bc"],
+        "attentions": ["full", "fibottention", "lookhere"],
+    },
+    "full": {
+        "seeds": [0, 1, 2],
+        "episodes": 50,
+        "workers": 8,
+        "steps": {"lift": 30000, "can": 60000, "pusht": 100000},
+        "batch_size": 64,
+        "demos": [25, 50, 100, 200],
+        "policies": ["bc", "diffusion"],
+        "attentions": ["full", "fibottention", "lookhere"],
+    },
+}
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+@dataclass
+class Cell:
+    task: str
+    policy: str
+    attention: str
+    seed: int
+    steps: int
+    batch_size: int = 64
+    extra: list[str] = field(default_factory=list)
+
+    def overrides(self) -> list[str]:
+        att = self.attention.split(":")  # "lookhere:45" selects a LookHere variant
+        ovr = [f"task={self.task}", f"policy={self.policy}", f"attention={att[0]}", f"seed={self.seed}",
+               f"train.steps={self.steps}", f"train.batch_size={self.batch_size}",
+               f"train.checkpoint_every={max(1, self.steps // 4)}", f"train.val_every={max(1, self.steps // 10)}",
+               "eval.num_episodes=0"]
+        if len(att) > 1:
+            ovr.append(f"attention.variant={att[1]}")
+        return ovr + list(self.extra)
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha1(json.dumps(self.overrides()).encode()).hexdigest()[:10]
+        return f"{self.task}_{self.policy}_{self.attention.replace(':', '')}_s{self.seed}_{digest}"
+
+    @property
+    def run_dir(self) -> Path:
+        return CELLS / self.key
+
+
+def train_cell(cell: Cell, log=print) -> Path:
+    """Train (or resume, or skip) one cell; returns its last checkpoint."""
+    from common.config import compose_config
+    from policies.checkpoint import load_training_state
+    from train_policy import train
+
+    last = cell.run_dir / "checkpoints" / "last"
+    resume = False
+    if (last / "training_state.json").exists():
+        step = int(load_training_state(last)["step"])
+        if step >= cell.steps:
+            return last
+        resume = True
+        log(f"resuming {cell.key} at step {step}")
+    cfg = compose_config(cell.overrides() + [f"run_dir={cell.run_dir}", f"resume={str(resume).lower()}"])
+    t0 = time.perf_counter()
+    result = train(cfg)
+    info = {"train_seconds": time.perf_counter() - t0, "overrides": cell.overrides()}
+    if not resume:  # training time of a resumed run is partial; keep the first complete measurement
+        (cell.run_dir / "train_info.json").write_text(json.dumps(info, indent=2))
+    return result.checkpoint
+
+
+def eval_cell(cell: Cell, name: str, **kwargs) -> dict:
+    """Evaluate a trained cell once per (name, settings); cached in the cell's evals/ folder."""
+    from rollout import evaluate_checkpoint
+
+    path = cell.run_dir / "evals" / f"{name}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    summary = evaluate_checkpoint(cell.run_dir / "checkpoints" / "last", out_dir=None, num_videos=0, **kwargs)
+    summary.pop("episodes", None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def train_seconds(cell: Cell) -> float | None:
+    p = cell.run_dir / "train_info.json"
+    return json.loads(p.read_text())["train_seconds"] if p.exists() else None
+
+
+def pooled(summaries: list[dict]) -> dict:
+    """Pool episodes over training seeds: successes / episodes with a Wilson interval."""
+    from rollout import wilson_interval
+
+    n = sum(s["num_episodes"] for s in summaries)
+    k = sum(s["successes"] for s in summaries)
+    lo, hi = wilson_interval(k, n)
+    out = {"successes": k, "episodes": n, "success_rate": k / n if n else 0.0, "ci95": [lo, hi],
+           "per_seed": [s["success_rate"] for s in summaries]}
+    if summaries and all("mean_max_coverage" in s for s in summaries):
+        out["mean_max_coverage"] = sum(s["mean_max_coverage"] * s["num_episodes"] for s in summaries) / n
+    return out
+
+
+def fmt_rate(p: dict) -> str:
+    lo, hi = p["ci95"]
+    return f"{100 * p['success_rate']:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] ({p['successes']}/{p['episodes']})"
+
+
+def write_results(study: str, rows: list[dict], columns: list[tuple[str, str]], *, title: str, notes: str = "",
+                  plot=None) -> Path:
+    """results/<study>/{table.md, results.json, plot.png}, each naming the command and commit."""
+    out = RESULTS / study
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python -m studies " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else " ".join(sys.argv)
+    meta = {"study": study, "command": command, "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (out / "results.json").write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
+    lines = [f"# {title}", "", f"Command: `{command}`  ", f"Commit: `{meta['commit']}`, {meta['date']}", ""]
+    if notes:
+        lines += [notes, ""]
+    lines.append("| " + " | ".join(h for _, h in columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    for r in rows:
+        lines.append("| " + " | ".join(str(r.get(k, "")) for k, _ in columns) + " |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    if plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig = plot(plt)
+        fig.text(0.01, 0.005, f"{command}  @{meta['commit']}", fontsize=6, color="grey")
+        fig.savefig(out / "plot.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+    return out

@@ -1,0 +1,67 @@
+"""Head diversity: how different are the heads of an encoder (both papers argue diverse heads help)?
+
+Score per layer = 1 - mean pairwise linear CKA between the heads' outputs on a batch of
+observations (features: every token of every image). Identical heads give CKA 1, so the
+degenerate value is a diversity of 0; orthogonal representations approach 1.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from policies.vision.masks import cached_dense_bias
+
+
+def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
+    """x, y: (samples, features). Kornblith et al. (2019), linear kernel."""
+    x = x - x.mean(0, keepdim=True)
+    y = y - y.mean(0, keepdim=True)
+    num = (y.T @ x).pow(2).sum()
+    den = (x.T @ x).pow(2).sum().sqrt() * (y.T @ y).pow(2).sum().sqrt()
+    return float(num / den) if den > 0 else 1.0
+
+
+def head_diversity(per_head: torch.Tensor) -> dict:
+    """per_head: (B, heads, N, head_dim) -> {"diversity", "mean_cka", "cka": heads x heads}."""
+    b, h, n, d = per_head.shape
+    feats = [per_head[:, i].reshape(b * n, d).double() for i in range(h)]
+    cka = [[1.0 if i == j else linear_cka(feats[i], feats[j]) for j in range(h)] for i in range(h)]
+    off = [cka[i][j] for i in range(h) for j in range(h) if i != j]
+    mean = sum(off) / len(off) if off else 1.0
+    return {"diversity": 1.0 - mean, "mean_cka": mean, "cka": cka}
+
+
+def _capture(vit, images: torch.Tensor) -> list[dict]:
+    attns = [blk.attn for blk in vit.blocks]
+    for a in attns:
+        a.capture = True
+    try:
+        with torch.no_grad():
+            vit(images)
+        return [a.captured for a in attns]
+    finally:
+        for a in attns:
+            a.capture = False
+            a.captured = None
+
+
+def encoder_diversity(vit, images: torch.Tensor) -> list[dict]:
+    """Per layer head-diversity of a ViT on images (B, C, H, W) in [0, 1]."""
+    return [head_diversity(c["out"]) for c in _capture(vit, images)]
+
+
+def attention_maps(vit, image: torch.Tensor) -> torch.Tensor:
+    """Each head's attention from the CLS token (or the centre patch) to the patches of one image
+    (1, C, H, W): returns (layers, heads, gh, gw) weights."""
+    maps = []
+    for layer, c in enumerate(_capture(vit, image)):
+        q, k, grid, prefix = c["q"], c["k"], c["grid"], c["num_prefix"]
+        scores = q[0] @ k[0].transpose(-2, -1) / math.sqrt(q.shape[-1])  # (heads, N, N)
+        bias = cached_dense_bias(vit.blocks[layer].attn.pattern, grid, prefix, q.device)
+        if bias is not None:
+            scores = scores + bias
+        weights = scores.softmax(-1)
+        query = 0 if prefix else (grid[0] // 2) * grid[1] + grid[1] // 2
+        maps.append(weights[:, query, prefix:].reshape(-1, *grid))  # (heads, gh, gw)
+    return torch.stack(maps)

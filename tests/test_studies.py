@@ -1,0 +1,70 @@
+"""Each study end to end at a tiny size, plus the invariants of its measurements."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from studies.__main__ import main as studies_main
+from studies.corruptions import CORRUPTIONS, corrupt
+from studies.diversity import head_diversity, linear_cka
+
+TINY_ARGS = ["--budget", "tiny", "--tasks", "pusht", "--max-steps", "3"]
+
+
+@pytest.fixture
+def tiny_extra(tiny_pusht_zarr):
+    from tests.conftest import TINY_POLICY
+
+    return [f"task.dataset.path={tiny_pusht_zarr}", "train.val_fraction=0.34", *TINY_POLICY]
+
+
+@pytest.mark.parametrize("study", ["main", "data_efficiency", "robustness", "resolution", "diversity"])
+def test_study_runs_end_to_end_and_writes_its_table(study, tmp_path, tiny_extra):
+    out = studies_main([study, *TINY_ARGS, "--results", str(tmp_path / "results"), *tiny_extra])
+    table = (out / "table.md").read_text()
+    data = json.loads((out / "results.json").read_text())
+    assert "python -m studies" in data["command"] or "studies" in data["command"]
+    assert data["rows"], table
+    assert (out / "plot.png").stat().st_size > 1000
+    if study == "main":
+        assert {r["attention"] for r in data["rows"]} == {"full", "lookhere"}
+        assert all(r["episodes"] == 1 for r in data["rows"])
+    if study == "robustness":
+        assert "gaussian_noise 3" in table
+    if study == "diversity":
+        assert all(0.0 <= float(r["diversity"]) <= 1.0 for r in data["rows"])
+
+
+def test_study_cells_are_cached(tmp_path, tiny_extra):
+    args = ["main", *TINY_ARGS, "--results", str(tmp_path / "r"), *tiny_extra]
+    studies_main(args)
+    cells = sorted((tmp_path / "r" / "cells").iterdir())
+    stamps = [(c / "checkpoints" / "last" / "model.safetensors").stat().st_mtime_ns for c in cells]
+    studies_main(args)
+    assert [(c / "checkpoints" / "last" / "model.safetensors").stat().st_mtime_ns for c in cells] == stamps
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_corruption_severity_zero_is_identity_and_higher_changes_more(kind):
+    img = np.random.default_rng(0).integers(0, 256, (20, 24, 3)).astype(np.uint8)
+    assert np.array_equal(corrupt(img, kind, 0), img)
+    diffs = [np.abs(corrupt(img, kind, s, np.random.default_rng(1)).astype(int) - img).mean() for s in (1, 2, 3)]
+    assert 0 < diffs[0] < diffs[1] < diffs[2]
+    assert corrupt(img, kind, 2).dtype == np.uint8 and corrupt(img, kind, 2).shape == img.shape
+
+
+def test_identical_heads_have_zero_diversity():
+    head = torch.randn(4, 1, 10, 8)
+    same = head.expand(4, 3, 10, 8)
+    res = head_diversity(same)
+    assert res["diversity"] == pytest.approx(0.0, abs=1e-9)
+    assert res["mean_cka"] == pytest.approx(1.0)
+    different = torch.randn(4, 3, 10, 8)
+    assert head_diversity(different)["diversity"] > 0.3
+
+
+def test_cka_is_invariant_to_rotation_and_scale():
+    x = torch.randn(50, 6, dtype=torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(6, 6, dtype=torch.float64))
+    assert linear_cka(x, 3.0 * x @ q) == pytest.approx(1.0)
