@@ -1,0 +1,371 @@
+"""Gymnasium wrapper around robosuite 1.5 Lift / PickPlaceCan with robomimic observation names.
+
+robomimic 0.3's own ``EnvRobosuite`` imports mujoco_py, so this module talks to robosuite directly and
+reproduces robomimic's conventions: camera frames flipped upright (robosuite renders OpenGL-style,
+upside down), ``object`` = robosuite's concatenated ``object-state``, ``states`` = the flattened MuJoCo
+state, and robomimic-style ``env_meta`` (``env_name`` / ``env_version`` / ``type`` / ``env_kwargs``).
+
+Observations are computed after every step from the final simulator state (robosuite's own
+observables are sampled at the first physics sub-step of a control step; we force-update instead, as
+robomimic does when it replays states), and cameras are rendered by this wrapper only for the
+cameras the policy uses.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import gymnasium as gym  # noqa: E402
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+import robosuite  # noqa: E402
+import robosuite.utils.errors as _rs_errors  # noqa: E402
+from robosuite.controllers import load_composite_controller_config  # noqa: E402
+from robosuite.controllers.composite.composite_controller_factory import (  # noqa: E402
+    is_part_controller_config,
+    refactor_composite_controller_config,
+)
+
+TASK_TO_ENV_NAME = {"lift": "Lift", "can": "PickPlaceCan"}
+ENV_NAME_TO_TASK = {v: k for k, v in TASK_TO_ENV_NAME.items()}
+ROBOSUITE_ENV_TYPE = 1  # robomimic's EnvType.ROBOSUITE_TYPE
+LOW_DIM_KEYS = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos", "object")
+DEFAULT_CAMERAS = ("agentview", "robot0_eye_in_hand")
+
+_BAD_SIM_WARNINGS = (
+    mujoco.mjtWarning.mjWARN_BADQPOS,
+    mujoco.mjtWarning.mjWARN_BADQVEL,
+    mujoco.mjtWarning.mjWARN_BADQACC,
+)
+
+
+class SimulationError(_rs_errors.SimulationError):
+    """The MuJoCo simulation diverged or failed during ``step`` (the rollout should count a failure)."""
+
+
+def _task_name(task: str) -> str:
+    key = str(task).lower()
+    if key in TASK_TO_ENV_NAME:
+        return key
+    if task in ENV_NAME_TO_TASK:
+        return ENV_NAME_TO_TASK[task]
+    raise ValueError(f"unknown robosuite task {task!r}; expected one of {sorted(TASK_TO_ENV_NAME)}")
+
+
+class RobosuiteEnv(gym.Env):
+    """robosuite Lift / PickPlaceCan (Panda, OSC pose deltas, 7-D action in [-1, 1], gripper last).
+
+    Args:
+        task: "lift" or "can" (robosuite names "Lift" / "PickPlaceCan" are accepted too).
+        cameras: cameras rendered into ``<camera>_image`` observations; ``()`` renders none.
+        image_size: square camera resolution (84 as in robomimic; larger for extrapolation studies).
+        fast_render: shadows, reflections and multisampling off (~3-4x cheaper software rendering).
+            Choose once and use the same setting for data generation and evaluation.
+        max_episode_steps: truncation limit (robosuite itself never ends episodes: ``ignore_done``).
+        controller_config: robosuite 1.5 composite controller config; default BASIC for Panda.
+        seed: seeds the first ``reset`` (later resets without a seed continue the stream).
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+
+    def __init__(
+        self,
+        task: str = "lift",
+        *,
+        cameras=DEFAULT_CAMERAS,
+        image_size: int = 84,
+        fast_render: bool = True,
+        max_episode_steps: int = 400,
+        horizon: int = 400,
+        control_freq: int = 20,
+        robot: str = "Panda",
+        controller_config: dict | None = None,
+        render_size: int | None = None,
+        seed: int | None = None,
+    ):
+        super().__init__()
+        self.task = _task_name(task)
+        self.env_name = TASK_TO_ENV_NAME[self.task]
+        if isinstance(cameras, str):
+            cameras = (cameras,)
+        self.cameras = tuple(cameras)
+        self.image_size = int(image_size)
+        self.render_size = int(render_size) if render_size else self.image_size
+        self.fast_render = bool(fast_render)
+        self.max_episode_steps = int(max_episode_steps)
+        self.robot = robot
+        self.render_mode = "rgb_array"
+        if controller_config is None:
+            controller_config = load_composite_controller_config(controller="BASIC", robot=robot)
+        self._env_kwargs = dict(
+            has_renderer=False,
+            has_offscreen_renderer=bool(self.cameras),
+            ignore_done=True,
+            use_object_obs=True,
+            use_camera_obs=False,  # this wrapper renders the cameras itself (once per step, upright)
+            control_freq=int(control_freq),
+            horizon=int(horizon),
+            controller_configs=copy.deepcopy(controller_config),
+            robots=[robot],
+            reward_shaping=False,
+            hard_reset=False,  # a hard reset reloads the model and would drop the render settings
+            seed=seed,
+        )
+        self._env = robosuite.make(self.env_name, **self._env_kwargs)
+        self._render_ready = False
+        if self.cameras:
+            names = set(self._env.sim.model.camera_names)
+            missing = [c for c in self.cameras if c not in names]
+            if missing:
+                raise ValueError(f"unknown cameras {missing}; the model has {sorted(names)}")
+            self._ensure_render_context()
+        self._steps = 0
+        self._last_obs: dict | None = None
+        self._needs_reset = True
+
+        obs = self._reset_sim(seed)
+        spaces = {}
+        for cam in self.cameras:
+            spaces[f"{cam}_image"] = gym.spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8)
+        for key in LOW_DIM_KEYS:
+            spaces[key] = gym.spaces.Box(-np.inf, np.inf, obs[key].shape, np.float32)
+        self.observation_space = gym.spaces.Dict(spaces)
+        low, high = self._env.action_spec
+        self.action_space = gym.spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def from_env_meta(cls, env_meta: dict, **kw) -> "RobosuiteEnv":
+        """Build from robomimic ``env_meta`` (``data.attrs['env_args']``); robosuite 1.4 metadata is converted.
+
+        Keyword arguments override what the metadata implies (e.g. ``cameras=()`` for fast tests).
+        """
+        env_meta = convert_env_meta_v14(env_meta)
+        ek = env_meta.get("env_kwargs", {})
+        robots = ek.get("robots", ["Panda"])
+        robot = robots[0] if isinstance(robots, (list, tuple)) else robots
+        args = dict(
+            task=_task_name(env_meta["env_name"]),
+            robot=robot,
+            control_freq=ek.get("control_freq", 20),
+            controller_config=ek.get("controller_configs"),
+        )
+        if ek.get("use_camera_obs", False) and ek.get("camera_names"):
+            names = ek["camera_names"]
+            args["cameras"] = (names,) if isinstance(names, str) else tuple(names)
+            heights = ek.get("camera_heights", 84)
+            args["image_size"] = int(heights[0] if isinstance(heights, (list, tuple)) else heights)
+        elif "use_camera_obs" in ek:
+            args["cameras"] = ()
+        render_opts = env_meta.get("render_options") or {}
+        if "fast_render" in render_opts:
+            args["fast_render"] = bool(render_opts["fast_render"])
+        args.update(kw)
+        return cls(**args)
+
+    def env_meta(self) -> dict:
+        """robomimic-style environment metadata (stored as ``data.attrs['env_args']``)."""
+        ek = {k: v for k, v in self._env_kwargs.items() if k not in ("seed",)}
+        ek = copy.deepcopy(ek)
+        ek["use_camera_obs"] = bool(self.cameras)
+        ek["has_offscreen_renderer"] = bool(self.cameras)
+        ek["camera_names"] = list(self.cameras)
+        ek["camera_heights"] = self.image_size
+        ek["camera_widths"] = self.image_size
+        ek["camera_depths"] = False
+        return {
+            "env_name": self.env_name,
+            "env_version": robosuite.__version__,
+            "type": ROBOSUITE_ENV_TYPE,
+            "env_kwargs": ek,
+            # not a robosuite kwarg: how this wrapper renders (shadows / reflections / MSAA off when fast)
+            "render_options": {"fast_render": self.fast_render, "flip_images_upright": True},
+        }
+
+    # ------------------------------------------------------------------ rendering
+    def _ensure_render_context(self):
+        sim = self._env.sim
+        if sim._render_context_offscreen is None:
+            from robosuite.utils.binding_utils import MjRenderContextOffscreen
+
+            MjRenderContextOffscreen(sim, device_id=-1)  # attaches itself to sim
+        if self._render_ready:
+            return
+        ctx = sim._render_context_offscreen
+        ctx.vopt.geomgroup[0] = 0  # collision meshes off, visual meshes on (robosuite defaults)
+        ctx.vopt.geomgroup[1] = 1
+        if self.fast_render:
+            ctx.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+            ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+            sim.model.vis.quality.offsamples = 0
+            # multisampling is fixed when the MjrContext is created: recreate it
+            ctx.gl_ctx.make_current()
+            ctx.con.free()
+            ctx._set_mujoco_context_and_buffers()
+        self._render_ready = True
+
+    def _render_camera(self, camera: str, size: int) -> np.ndarray:
+        self._ensure_render_context()
+        img = self._env.sim.render(camera_name=camera, width=size, height=size)
+        return np.ascontiguousarray(img[::-1])  # upright, as robomimic stores images
+
+    def render(self, camera: str = "agentview", size: int | None = None) -> np.ndarray:
+        """An upright RGB frame (H, W, 3) uint8, by default agentview at ``render_size`` (for videos)."""
+        size = int(size or self.render_size)
+        key = f"{camera}_image"
+        if self._last_obs is not None and key in self._last_obs and size == self.image_size:
+            return self._last_obs[key].copy()
+        return self._render_camera(camera, size)
+
+    # ------------------------------------------------------------------ observations / state
+    def _get_obs(self) -> dict:
+        # Two passes: robosuite's relative sensors (e.g. Can_to_robot0_eef_pos) read other sensors' values
+        # from the observation cache and some run before the sensors they depend on, so a single forced
+        # update would mix in values from the previous sample.
+        self._env._update_observables(force=True)
+        di = self._env._get_observations(force_update=True)
+        obs = {}
+        for cam in self.cameras:
+            obs[f"{cam}_image"] = self._render_camera(cam, self.image_size)
+        obs["robot0_eef_pos"] = np.asarray(di["robot0_eef_pos"], dtype=np.float32)
+        obs["robot0_eef_quat"] = np.asarray(di["robot0_eef_quat"], dtype=np.float32)
+        obs["robot0_gripper_qpos"] = np.asarray(di["robot0_gripper_qpos"], dtype=np.float32)
+        obs["object"] = np.asarray(di["object-state"], dtype=np.float32)
+        self._last_obs = obs
+        return obs
+
+    def get_state(self) -> np.ndarray:
+        """Flattened MuJoCo state [time, qpos, qvel], as robomimic stores ``states``."""
+        return np.array(self._env.sim.get_state().flatten(), dtype=np.float64)
+
+    def get_model_xml(self) -> str:
+        return self._env.sim.model.get_xml()
+
+    def is_success(self) -> bool:
+        return bool(self._env._check_success())
+
+    @property
+    def unwrapped_robosuite(self):
+        """The underlying robosuite environment (privileged access for scripted experts)."""
+        return self._env
+
+    @property
+    def elapsed_steps(self) -> int:
+        return self._steps
+
+    # ------------------------------------------------------------------ gymnasium API
+    def _reset_sim(self, seed: int | None) -> dict:
+        if seed is not None:
+            # robosuite shares one Generator between the env, its placement samplers and robot init
+            # noise: reseed it in place so every holder sees the new stream
+            self._env.rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
+        self._env.reset()
+        self._steps = 0
+        self._needs_reset = False
+        return self._get_obs()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if options and options.get("state") is not None:
+            return self.reset_to(options["state"]), self._info(0.0)
+        obs = self._reset_sim(seed)
+        return obs, self._info(0.0)
+
+    def reset_to(self, state) -> dict:
+        """Start an episode from a stored flattened simulator state (or robomimic ``{'states': ...}``)."""
+        if isinstance(state, dict):
+            state = state["states"]
+        state = np.asarray(state, dtype=np.float64)
+        expected = self.get_state().shape
+        if state.shape != expected:
+            raise ValueError(f"state has shape {state.shape}, this {self.env_name} model expects {expected}")
+        self._env.reset()
+        self._env.sim.set_state_from_flattened(state)
+        self._env.sim.forward()  # OSC deltas are taken from the achieved pose, so no goal reset needed
+        self._steps = 0
+        self._needs_reset = False
+        return self._get_obs()
+
+    def _info(self, reward: float) -> dict:
+        return {"success": self.is_success(), "reward": float(reward)}
+
+    def step(self, action):
+        if self._needs_reset:
+            raise RuntimeError("call reset() before step() (the episode ended or never started)")
+        action = np.asarray(action, dtype=np.float64).reshape(-1)
+        if action.shape != self.action_space.shape:
+            raise ValueError(f"action must have shape {self.action_space.shape}, got {action.shape}")
+        if not np.all(np.isfinite(action)):
+            raise ValueError(f"non-finite action {action}")
+        data = self._env.sim.data._data
+        before = [int(data.warning[w].number) for w in _BAD_SIM_WARNINGS]
+        try:
+            action = np.clip(action, -1.0, 1.0)
+            self._env.step(action)
+        except (mujoco.FatalError, FloatingPointError, _rs_errors.robosuiteError) as e:
+            self._needs_reset = True
+            raise SimulationError(f"MuJoCo simulation failed in {self.env_name} at step {self._steps}: {e}") from e
+        after = [int(data.warning[w].number) for w in _BAD_SIM_WARNINGS]
+        if after != before or not (np.all(np.isfinite(data.qpos)) and np.all(np.isfinite(data.qvel))):
+            self._needs_reset = True
+            bad = [mujoco.mjtWarning(w).name for w, b, a in zip(_BAD_SIM_WARNINGS, before, after) if a != b]
+            raise SimulationError(
+                f"MuJoCo simulation became unstable in {self.env_name} at step {self._steps} "
+                f"(warnings: {bad or 'non-finite state'})"
+            )
+        # robosuite's lite_physics stepping ends with mj_step2, leaving kinematics one sub-step behind qpos;
+        # recompute them so observations, images, reward and success all describe the state get_state() returns
+        self._env.sim.forward()
+        reward = self._env.reward(action)
+        self._steps += 1
+        obs = self._get_obs()
+        info = self._info(reward)
+        terminated = info["success"]
+        truncated = (not terminated) and self._steps >= self.max_episode_steps
+        if terminated or truncated:
+            self._needs_reset = True
+        return obs, float(reward), terminated, truncated, info
+
+    def close(self):
+        env = getattr(self, "_env", None)
+        if env is not None:
+            env.close()
+            self._env = None
+
+
+# ---------------------------------------------------------------------- robosuite 1.4 metadata
+_OLD_TO_NEW_CONTROLLER_KEYS = {"damping": "damping_ratio", "damping_limits": "damping_ratio_limits"}
+
+
+def _convert_part_config(cfg: dict) -> dict:
+    cfg = copy.deepcopy(cfg)
+    for old, new in _OLD_TO_NEW_CONTROLLER_KEYS.items():
+        if old in cfg:
+            value = cfg.pop(old)
+            cfg.setdefault(new, value)
+    if "control_delta" in cfg:
+        delta = cfg.pop("control_delta")
+        cfg.setdefault("input_type", "delta" if delta else "absolute")
+    return cfg
+
+
+def convert_env_meta_v14(env_meta: dict) -> dict:
+    """Convert robosuite <= 1.4 robomimic metadata (arm-only ``OSC_POSE`` controller) to robosuite 1.5.
+
+    The arm config becomes the ``right`` arm of the robot's default composite (BASIC) controller via
+    robosuite's ``refactor_composite_controller_config``; 1.4 key names (``damping``,
+    ``damping_limits``, ``control_delta``) are renamed to their 1.5 equivalents. Metadata that is
+    already in 1.5 form is returned unchanged (as a copy).
+    """
+    meta = copy.deepcopy(env_meta)
+    ek = meta.setdefault("env_kwargs", {})
+    cfg = ek.get("controller_configs")
+    if cfg is not None and is_part_controller_config(cfg):
+        robots = ek.get("robots", ["Panda"])
+        robot = robots[0] if isinstance(robots, (list, tuple)) else robots
+        ek["controller_configs"] = refactor_composite_controller_config(_convert_part_config(cfg), robot, ["right"])
+        meta["converted_from_env_version"] = meta.get("env_version")
+        meta["env_version"] = robosuite.__version__
+    return meta
