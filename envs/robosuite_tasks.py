@@ -17,6 +17,13 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+# Load triton's LLVM before Mesa's: importing triton (torch.compile, diffusers do) after an EGL
+# context exists in the same process segfaults inside libtriton (two LLVM copies clash).
+try:
+    import triton  # noqa: F401, E402
+except ImportError:
+    pass
+
 import gymnasium as gym  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
