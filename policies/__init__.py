@@ -1,2 +1,3 @@
-"""Policies: one folder each (configuration + modeling), found by name through the registry."""
-from .base import POLICIES, Policy, PolicyConfig, get_policy_class, make_policy, make_policy_config  # noqa: F401
+"""Policies: one folder each (configuration + modeling), found by name through the registry in
+``policies.base`` (``make_policy``, ``get_policy_class``). Nothing is imported here, so that
+``python -m policies.vision.masks`` runs without loading the policy stack first."""

@@ -1,0 +1,1 @@
+from .modeling import BCPolicy  # noqa: F401  (registers 'bc')

@@ -1,0 +1,160 @@
+"""BC policy (MLP / GMM heads) on tiny synthetic tensors: learns, samples in range, replans, fails clearly."""
+import numpy as np
+import pytest
+import torch
+
+from policies.base import get_policy_class, make_policy, make_policy_config
+from policies.bc.heads import GMMHead
+from policies.checkpoint import load_policy, save_checkpoint
+
+ACT_MIN, ACT_MAX = np.array([0.0, -5.0], np.float32), np.array([512.0, 5.0], np.float32)
+STATS = {"agent_pos": {"min": np.zeros(2, np.float32), "max": np.full(2, 512.0, np.float32)},
+         "action": {"min": ACT_MIN, "max": ACT_MAX}}
+TINY = dict(
+    input_shapes={"image": [3, 32, 32], "agent_pos": [2]}, action_dim=2, n_obs_steps=2, horizon=8, n_action_steps=4,
+    crop_size=24, hidden_dims=[64],
+    vit=dict(patch_size=8, dim=32, depth=1, num_heads=2, out_dim=16, base_grid=[3, 3]),
+)
+
+
+def tiny_bc(**fields):
+    torch.manual_seed(0)
+    return make_policy("bc", {**TINY, **fields}, STATS)
+
+
+def synthetic_batch(b=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    frac = torch.rand(b, 8, 2, generator=g)
+    return {
+        "image": torch.randint(0, 256, (b, 2, 32, 32, 3), generator=g, dtype=torch.uint8),  # (B, To, H, W, C)
+        "agent_pos": torch.rand(b, 2, 2, generator=g) * 512,
+        "action": torch.as_tensor(ACT_MIN) + frac * torch.as_tensor(ACT_MAX - ACT_MIN),  # (B, T, Da)
+    }
+
+
+def obs_of(batch):
+    return {k: batch[k] for k in ("image", "agent_pos")}
+
+
+@pytest.mark.parametrize("fields", [dict(head="mlp", loss="l2"), dict(head="mlp", loss="l1"),
+                                    dict(head="gmm"), dict(head="gmm", gmm_over="step")], ids=str)
+def test_loss_decreases_on_a_fixed_batch(fields):
+    policy = tiny_bc(**fields)
+    batch = synthetic_batch()
+    opt = torch.optim.Adam(policy.parameters(), lr=2e-3)
+    losses = []
+    for _ in range(40):
+        loss, info = policy.compute_loss(batch)
+        assert set(info) >= {"loss"} and info["loss"] == pytest.approx(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    first, last = losses[0], min(losses[-5:])
+    if fields["head"] == "mlp":
+        assert last < 0.7 * first, losses
+    else:  # a negative log-likelihood per action dimension: it can go below zero
+        assert last < first - 1.0, losses
+
+
+def test_gmm_low_noise_samples_are_mode_means_within_the_data_range():
+    policy = tiny_bc(head="gmm").eval()
+    batch = synthetic_batch(b=6)
+    obs = obs_of(batch)
+    out = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(1))
+    assert out.shape == (6, 4, 2) and not out.requires_grad
+    tol = 1e-3 * (ACT_MAX - ACT_MIN)
+    assert (out >= torch.as_tensor(ACT_MIN - tol)).all() and (out <= torch.as_tensor(ACT_MAX + tol)).all()
+    # with std 1e-4 each chunk is (almost exactly) the mean of one of the modes
+    with torch.no_grad():
+        means, _, _ = policy.head(policy.obs_encoder(obs))  # (B, 1, K, T*Da)
+    means = means.reshape(6, 5, 8, 2)[:, :, 1:5]  # (B, K, Ta, Da), normalized
+    err = (means - policy.normalizer.normalize("action", out)[:, None]).abs().amax(dim=(2, 3)).min(dim=1).values
+    assert (err < 1e-3).all(), err  # distance to the nearest mode, in normalized units
+    # the same generator seed gives the same chunk; without low noise the samples spread out
+    again = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(out, again, rtol=0, atol=0)
+    policy.config.low_noise_eval = False
+    noisy = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(1))
+    assert (noisy - out).abs().max() > 1e-2
+
+
+def test_gmm_head_keeps_two_demonstrated_modes_apart():
+    """Half the demos go to +0.8, half to -0.8 from the same input: a regressor would average
+    to 0; the mixture samples near one mode or the other."""
+    torch.manual_seed(0)
+    head = GMMHead(4, horizon=3, action_dim=2, hidden_dims=[32], num_modes=5)
+    cond = torch.ones(64, 4)
+    target = torch.cat([torch.full((32, 3, 2), 0.8), torch.full((32, 3, 2), -0.8)])
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    for _ in range(150):
+        loss = -head.log_prob(cond, target).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        samples = head.sample(cond, generator=torch.Generator().manual_seed(0))  # (64, 3, 2)
+    assert ((samples.abs() - 0.8).abs() < 0.1).all()
+    positive = (samples[:, 0, 0] > 0).float().mean()
+    assert 0.2 < positive < 0.8, positive
+
+
+@pytest.mark.parametrize("head", ["mlp", "gmm"])
+def test_select_action_replans_every_n_action_steps(monkeypatch, head):
+    policy = tiny_bc(head=head).eval()
+    calls = []
+    original = policy.predict_action_chunk
+
+    def counting(obs, *args, **kwargs):
+        calls.append(obs["image"].shape)
+        chunk = original(obs, *args, **kwargs)
+        return chunk
+
+    monkeypatch.setattr(policy, "predict_action_chunk", counting)
+    batch = synthetic_batch(b=3)
+    policy.reset()
+    for t in range(10):
+        action = policy.select_action({k: v[:, t % 2] for k, v in obs_of(batch).items()})
+        assert action.shape == (3, 2)
+    assert len(calls) == 3  # steps 0, 4, 8 with n_action_steps=4
+    assert calls[0] == (3, 2, 32, 32, 3)  # batched, with the n_obs_steps history
+    policy.reset()
+    policy.select_action({k: v[:, 0] for k, v in obs_of(batch).items()})
+    assert len(calls) == 4
+
+
+def test_gmm_checkpoint_round_trip(tmp_path):
+    policy = tiny_bc(head="gmm", gmm_over="step", num_modes=3)
+    save_checkpoint(tmp_path / "ckpt", policy)
+    loaded = load_policy(tmp_path / "ckpt", expected_policy="bc")
+    assert loaded.config.head == "gmm" and loaded.config.gmm_over == "step"
+    obs = obs_of(synthetic_batch(b=2))
+    a = policy.eval().predict_action_chunk(obs, generator=torch.Generator().manual_seed(5))
+    b = loaded.predict_action_chunk(obs, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_registry_error_lists_known_policies():
+    assert get_policy_class("bc").name == "bc"
+    with pytest.raises(ValueError, match="unknown policy 'bcq'; known policies: bc, diffusion"):
+        get_policy_class("bcq")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("head", "x", r"policy.head='x' is unknown; choose one of \('mlp', 'gmm'\)"),
+    ("loss", "huber", r"policy.loss='huber' is unknown"),
+    ("std_activation", "relu", r"policy.std_activation='relu' is unknown"),
+    ("gmm_over", "episode", r"policy.gmm_over='episode' is unknown"),
+    ("num_modes", 0, r"policy.num_modes must be >= 1"),
+    ("min_std", 0.0, r"policy.min_std must be > 0"),
+    ("dropout", 1.0, r"policy.dropout \(1.0\) must be in \[0, 1\)"),
+    ("hidden_dims", [64, 0], r"policy.hidden_dims \[64, 0\] must all be >= 1"),
+])
+def test_config_errors_name_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        make_policy_config("bc", **{**TINY, field: value})
+
+
+def test_unknown_config_field_is_named():
+    with pytest.raises(ValueError, match=r"policy 'bc' has no config fields \['heads'\]"):
+        make_policy_config("bc", **TINY, heads="mlp")
