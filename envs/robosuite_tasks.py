@@ -24,6 +24,8 @@ try:
 except ImportError:
     pass
 
+import logging  # noqa: E402
+
 import gymnasium as gym  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
@@ -34,6 +36,9 @@ from robosuite.controllers.composite.composite_controller_factory import (  # no
     is_part_controller_config,
     refactor_composite_controller_config,
 )
+
+# robosuite warns at every environment build about controller parts the Panda lacks (legs, head...)
+logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
 
 TASK_TO_ENV_NAME = {"lift": "Lift", "can": "PickPlaceCan"}
 ENV_NAME_TO_TASK = {v: k for k, v in TASK_TO_ENV_NAME.items()}

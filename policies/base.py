@@ -99,6 +99,18 @@ class Policy(nn.Module):
         return self._action_queue.popleft()
 
     # --- shared helpers ------------------------------------------------------------------
+    def encode_obs(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """obs[key]: (B, >=To, ...) -> (B, To * feature_dim); extra steps (a training window) are cut."""
+        to = self.config.n_obs_steps
+        return self.obs_encoder({k: obs[k][:, :to] for k in self.config.input_shapes})
+
+    def actions_to_execute(self, chunk: torch.Tensor) -> torch.Tensor:
+        """Normalized (B, T, Da) chunk -> the Ta unnormalized actions from "now" on. The chunk starts
+        at the oldest observation, so its first To-1 actions are history."""
+        actions = self.normalizer.unnormalize("action", chunk)
+        start = self.config.n_obs_steps - 1
+        return actions[:, start : start + self.config.n_action_steps]  # (B, Ta, Da)
+
     def set_normalization(self, stats) -> None:
         self.normalizer.set_stats(stats)
 

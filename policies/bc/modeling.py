@@ -27,7 +27,7 @@ class BCPolicy(Policy):
 
     def compute_loss(self, batch):
         c = self.config
-        cond = self.obs_encoder({k: batch[k][:, : c.n_obs_steps] for k in c.input_shapes})  # (B, To * F)
+        cond = self.encode_obs(batch)  # (B, To * F)
         actions = self.normalizer.normalize("action", batch["action"])  # (B, T, Da)
         if c.head == "mlp":
             pred = self.head(cond)  # (B, T, Da)
@@ -42,11 +42,9 @@ class BCPolicy(Policy):
     @torch.no_grad()
     def predict_action_chunk(self, obs, generator: torch.Generator | None = None):
         c = self.config
-        cond = self.obs_encoder({k: obs[k] for k in c.input_shapes})  # (B, To * F)
+        cond = self.encode_obs(obs)  # (B, To * F)
         if c.head == "mlp":
             x = self.head(cond)
         else:
             x = self.head.sample(cond, low_noise=c.low_noise_eval, generator=generator)
-        actions = self.normalizer.unnormalize("action", x)  # (B, T, Da)
-        start = c.n_obs_steps - 1  # the window's step "now": earlier actions are history
-        return actions[:, start : start + c.n_action_steps]  # (B, Ta, Da)
+        return self.actions_to_execute(x)  # (B, Ta, Da)

@@ -32,7 +32,7 @@ class DiffusionPolicy(Policy):
 
     def compute_loss(self, batch):
         c = self.config
-        cond = self.obs_encoder({k: batch[k][:, : c.n_obs_steps] for k in c.input_shapes})  # (B, To * F)
+        cond = self.encode_obs(batch)  # (B, To * F)
         actions = self.normalizer.normalize("action", batch["action"])  # (B, T, Da)
         noise = torch.randn_like(actions)
         t = torch.randint(0, c.num_train_timesteps, (actions.shape[0],), device=actions.device)
@@ -45,7 +45,7 @@ class DiffusionPolicy(Policy):
     @torch.no_grad()
     def predict_action_chunk(self, obs, generator: torch.Generator | None = None):
         c = self.config
-        cond = self.obs_encoder({k: obs[k] for k in c.input_shapes})  # (B, To * F)
+        cond = self.encode_obs(obs)  # (B, To * F)
         b = cond.shape[0]
         x = torch.randn(b, c.horizon, c.action_dim, device=cond.device, generator=generator)  # (B, T, Da)
         sched = self.inference_scheduler
@@ -53,6 +53,4 @@ class DiffusionPolicy(Policy):
         for t in sched.timesteps:
             eps = self.unet(x, t.expand(b).to(cond.device), cond)
             x = sched.step(eps, t, x, generator=generator).prev_sample
-        actions = self.normalizer.unnormalize("action", x)
-        start = c.n_obs_steps - 1  # the window's step "now": earlier actions are history
-        return actions[:, start : start + c.n_action_steps]  # (B, Ta, Da)
+        return self.actions_to_execute(x)  # (B, Ta, Da)
