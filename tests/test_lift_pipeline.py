@@ -1,4 +1,4 @@
-"""Lift end to end at a tiny size: two scripted demos -> hdf5 -> one training step -> one rollout."""
+"""Lift and Can end to end at a tiny size: two scripted demos -> hdf5 -> one training step -> one rollout."""
 import json
 
 import pytest
@@ -10,12 +10,31 @@ from tests.conftest import TINY_POLICY, compose
 from train_policy import train
 
 
-@pytest.fixture(scope="module")
-def two_demo_lift(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lift") / "lift.hdf5"
-    report = generate("lift", 2, out, workers=1, progress=False)
+def _two_demos(tmp_path_factory, task):
+    out = tmp_path_factory.mktemp(task) / f"{task}.hdf5"
+    report = generate(task, 2, out, workers=1, progress=False)
     assert report["episodes"] == 2
     return out
+
+
+@pytest.fixture(scope="module")
+def two_demo_lift(tmp_path_factory):
+    return _two_demos(tmp_path_factory, "lift")
+
+
+def _train_and_roll_out(tmp_path, task, dataset, policy):
+    overrides = [f"task={task}", f"policy={policy}", "attention=lookhere", f"task.dataset.path={dataset}",
+                 f"run_dir={tmp_path / 'run'}", "train.steps=1", "train.batch_size=4", "train.warmup_steps=1",
+                 "train.val_fraction=0.5", "train.checkpoint_every=1", *TINY_POLICY]
+    if policy == "diffusion":
+        overrides += ["policy.down_dims=[16,32]", "policy.num_inference_steps=2"]
+    result = train(compose(overrides))
+    assert result.step == 1
+    assert len(result.policy.obs_encoder.vits) == 2  # one ViT per camera by default
+    s = rollout.evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=5, out_dir=tmp_path / "eval", num_videos=1, progress=False)
+    assert s["episodes"][0]["steps"] == 5 and s["task"] == task
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["num_episodes"] == 1
+    assert (tmp_path / "eval" / "videos" / "episode_100000.mp4").stat().st_size > 0
 
 
 def test_generated_lift_file_describes_itself(two_demo_lift):
@@ -28,15 +47,10 @@ def test_generated_lift_file_describes_itself(two_demo_lift):
 
 @pytest.mark.parametrize("policy", ["bc", "diffusion"])
 def test_lift_train_step_and_one_episode_rollout(tmp_path, two_demo_lift, policy):
-    overrides = ["task=lift", f"policy={policy}", "attention=lookhere", f"task.dataset.path={two_demo_lift}",
-                 f"run_dir={tmp_path / 'run'}", "train.steps=1", "train.batch_size=4", "train.warmup_steps=1",
-                 "train.val_fraction=0.5", "train.checkpoint_every=1", *TINY_POLICY]
-    if policy == "diffusion":
-        overrides += ["policy.down_dims=[16,32]", "policy.num_inference_steps=2"]
-    result = train(compose(overrides))
-    assert result.step == 1
-    assert len(result.policy.obs_encoder.vits) == 2  # one ViT per camera by default
-    s = rollout.evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=5, out_dir=tmp_path / "eval", num_videos=1, progress=False)
-    assert s["episodes"][0]["steps"] == 5 and s["task"] == "lift"
-    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["num_episodes"] == 1
-    assert (tmp_path / "eval" / "videos" / "episode_100000.mp4").stat().st_size > 0
+    _train_and_roll_out(tmp_path, "lift", two_demo_lift, policy)
+
+
+def test_can_generate_train_step_and_rollout(tmp_path, tmp_path_factory):
+    dataset = _two_demos(tmp_path_factory, "can")
+    assert describe(dataset)["env_name"] == "PickPlaceCan"
+    _train_and_roll_out(tmp_path, "can", dataset, "bc")
