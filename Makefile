@@ -43,7 +43,7 @@ demo: $(STAMP)
 	@test -e $(DEMO_DATA) || $(PYTHON) -m datasets.generate task=pusht num_episodes=50 out=$(DEMO_DATA) workers=2
 	$(PYTHON) train_policy.py task=pusht policy=diffusion attention=fibottention task.dataset.path=$(DEMO_DATA) \
 	  run_dir=$(DEMO_RUN) overwrite=true train.steps=1500 train.batch_size=32 train.warmup_steps=100 \
-	  train.checkpoint_every=500 train.val_every=500
+	  train.checkpoint_every=500 train.val_every=500 train.num_threads=1
 	$(PYTHON) rollout.py checkpoint=$(DEMO_RUN) num_episodes=10 workers=2 out_dir=$(DEMO_RUN)/eval
 	@echo "demo outputs: dataset $(DEMO_DATA), checkpoints $(DEMO_RUN)/checkpoints, TensorBoard $(DEMO_RUN)/tb, rollout summary and videos $(DEMO_RUN)/eval"
 
