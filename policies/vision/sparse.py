@@ -1,31 +1,41 @@
 """Attention that never builds the (heads, N, N) bias: the ``impl="sparse"`` path of ``attend``.
 
-Both patterns keep ``masks.py`` as the reference (``dense_bias``); this module computes the
-same softmax(q k^T / sqrt(d) + bias) v without materialising N x N:
+``masks.py`` stays the reference (``dense_bias``); this module computes the same
+softmax(q k^T / sqrt(d) + bias) v, forward and backward, with memory linear in N.
 
-* **Fibottention** (``_FibLoopFn``): every head sees its patches only along a few diagonals
-  ``key = query +- offset`` (plus the prefix/CLS tokens; the CLS *query* sees everything).
-  Each diagonal is a row-wise dot product between the queries and a *view* of the keys shifted
-  by the offset (a slice: no padding, no gathered copy), so one "slot" costs O(N d) time and the
-  scores/probabilities O(N) memory.  Heads with fewer offsets simply have fewer slots (the
-  probabilities are kept per head, so nothing is padded).  Backward is hand-written with the
-  same slot loop (dP, then dQ/dK/dV with in-place ``addcmul_`` into shifted views).  Memory:
-  O(B * heads * N * slots) for the probabilities, never N x N.  Rows that would see nothing
-  (no prefix token, every offset past the grid) see themselves, exactly like
-  ``masks._ensure_visible``.  For tiny problems a fully vectorised gather version
-  (``_fib_gather``) is used instead: it is faster there, and its memory is bounded by a size
-  threshold.
-* **LookHere** (``_LookHereChunkFn``): the bias of a query/key pair depends only on
-  (dx, dy), so a (heads, 2H-1, 2W-1) table holds every value (O(N) memory).  Queries are
-  processed in chunks of whole image rows; for each chunk and head group the key rows no query
-  of the chunk can see (directed heads) are skipped, the chunk's bias is gathered from the
-  table and the fused SDPA kernel runs on (chunk x visible keys).  On CPU the forward keeps the
-  log-sum-exp and the backward calls the fused flash backward per chunk (bias rebuilt, never
-  stored); elsewhere the backward recomputes each chunk under autograd.  Memory:
-  O(heads * chunk * N) for one chunk's bias.
+**Fibottention.** A head sees, besides the prefix (CLS) tokens, only the patches on a few
+diagonals ``key = query +- offset`` (the CLS *query* sees everything). ``fib_plan`` turns the
+offsets into per-head *slots* (signed offset, valid query range); without prefix tokens the rows
+that would see nothing get a self slot, exactly like ``masks._ensure_visible``. Two kernels:
 
-``choose_impl`` is a deterministic size rule calibrated with ``benchmarks/attention.py``
-(see ``results/attention_benchmark/cpu.md``).
+* ``csr`` (CPU default from ``CSR_MIN_PATCHES`` patches): each head's visible keys are laid out
+  as fixed-width rows (prefix columns, one column per valid slot, masked padding columns); the
+  scores are a sampled dense-dense matmul at exactly those entries
+  (``torch.sparse.sampled_addmm``), the softmax runs on the (B, P, width) score block, and every
+  weighted sum (P V, dS K, dS^T Q, P^T dO) is one fused gather-multiply-add
+  (``F.embedding_bag`` with per-sample weights; the transposed ones use a precomputed key-major
+  permutation). Hand-written backward; nothing larger than B x P x width is ever allocated.
+* ``loop`` (any device, small grids): per head and slot, a row-wise dot product between the
+  queries and a *slice* of the keys shifted by the offset (a view: no padding, no copy), and
+  in-place ``addcmul_`` for the weighted sums; same hand-written backward.
+
+Memory: O(B * heads * N * slots) for the probabilities kept for backward, plus the index
+plan (O(heads * N * slots) integers, cached per grid), never N x N.
+
+**LookHere.** The bias of a query/key pair depends only on (dx, dy), so a
+(heads, 2H-1, 2W-1) table holds every value (O(N)). Queries are processed in rectangular
+tiles (``LOOKHERE_TILE_TOKENS`` patches); for each tile, runs of adjacent heads that see the
+same keys share one call of the fused SDPA kernel on (tile queries x visible keys), with the
+tile's bias gathered from the table. For directed heads the key patches that no query of the
+tile can see are skipped (a box-OR of the direction mask over the tile, via an integral image).
+On CPU the forward keeps the log-sum-exp and the backward calls the fused flash-attention
+backward per tile (bias rebuilt, never stored); on other devices the backward recomputes each
+tile under autograd. Memory: O(heads * tile * N) for one tile's bias.
+(``torch.nn.attention.flex_attention`` is not an option on CPU in torch 2.14: it has no CPU
+backward, and its compiled forward was slower than the dense-bias SDPA here.)
+
+``choose_impl`` is a deterministic rule on (kind, N, device type), calibrated with
+``benchmarks/attention.py`` (see ``results/attention_benchmark/cpu.md``).
 """
 from __future__ import annotations
 
@@ -50,8 +60,8 @@ from .masks import LOOKHERE_DIRECTIONS, FibottentionPattern, LookHerePattern, ca
 # dense kernels are fast and the bias only hurts through memory, so the thresholds are set
 # where the (heads, N, N) bias starts to cost hundreds of MB.
 AUTO_MIN_TOKENS = {
-    "fibottention": {"cpu": 200, "cuda": 4096},
-    "lookhere": {"cpu": 1024, "cuda": 4096},
+    "fibottention": {"cpu": 120, "cuda": 4096},
+    "lookhere": {"cpu": 576, "cuda": 4096},
 }
 _DEFAULT_DEVICE_RULE = "cuda"  # unknown device types (mps, xpu, ...) follow the CUDA rule
 
@@ -70,9 +80,10 @@ def choose_impl(pattern, n_tokens: int, device) -> str:
 def sparse_attend(q, k, v, pattern, grid, num_prefix: int, *, method: str | None = None, chunk_tokens: int | None = None):
     """q, k, v: (B, heads, N, head_dim) -> (B, heads, N, head_dim), without an N x N bias.
 
-    ``method`` (tests/benchmarks): Fibottention ``"loop"`` | ``"gather"`` (default: by size);
-    LookHere ``"flash"`` (CPU fused backward) | ``"recompute"`` (generic backward).
-    ``chunk_tokens``: LookHere query-chunk size (rounded to whole image rows).
+    Optional, for tests and benchmarks: ``method`` -- Fibottention ``"csr"`` | ``"loop"``,
+    LookHere ``"flash"`` (CPU fused backward) | ``"recompute"`` (generic backward); default by
+    device and size. ``chunk_tokens`` -- LookHere query-tile size in patches.
+    Patterns without a sparse algorithm (full, bigbird) use the dense reference path.
     """
     grid = (int(grid[0]), int(grid[1]))
     num_prefix = int(num_prefix)
@@ -139,76 +150,30 @@ def fib_plan(pattern: FibottentionPattern, grid: tuple[int, int], num_prefix: in
     return _FibPlan(p, tuple(heads))
 
 
-@lru_cache(maxsize=128)
-def _fib_gather_index(pattern, grid, num_prefix, device_str):
-    """(heads, P, K) key index (clamped) and validity for the vectorised path; K = max slots."""
-    plan = fib_plan(pattern, grid, num_prefix)
-    p, k = plan.num_patches, max(plan.max_slots, 1)
-    rows = torch.arange(p)
-    idx = torch.zeros(len(plan.slots), p, k, dtype=torch.long)
-    valid = torch.zeros(len(plan.slots), p, k, dtype=torch.bool)
-    for h, slots in enumerate(plan.slots):
-        for j, (s, a, b) in enumerate(slots):
-            ok = (rows >= a) & (rows < b)
-            valid[h, :, j] = ok
-            idx[h, :, j] = torch.where(ok, rows + s, rows)
-    dev = torch.device(device_str)
-    return idx.to(dev), valid.to(dev)
-
-
-# Use the vectorised gather path while the gathered K (B * heads * P * K * d elements) stays
-# below this size; beyond it the row-sparse kernels are both leaner and faster.
-GATHER_MAX_ELEMENTS = 1 << 21
+# On CPU the row-sparse kernels (sampled matmul + embedding-bag, one call per batch element and
+# head) win from this many patches on; below it the per-offset loop has less call overhead
+# (crossover measured at 13x13 patches, batch 8, 8 heads, head dim 32).
+CSR_MIN_PATCHES = 160
 
 
 def fibottention_attend(q, k, v, pattern, grid, num_prefix, method=None):
-    """``method``: ``"csr"`` (CPU: fused sampled-matmul + embedding-bag kernels), ``"loop"``
-    (any device: one slice view per offset), ``"gather"`` (small problems); None: by size/device."""
+    """``method``: ``"csr"`` (CPU: fused sampled-matmul + embedding-bag kernels) or ``"loop"``
+    (any device: one shifted slice view per offset); None: ``csr`` on CPU from
+    ``CSR_MIN_PATCHES`` patches on, else ``loop``."""
     grid = tuple(grid)
     plan = fib_plan(pattern, grid, num_prefix)
     scale = 1.0 / math.sqrt(q.shape[-1])
+    csr_ok = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)  # sampled_addmm dtypes
     if method is None:
-        size = q.shape[0] * q.shape[1] * plan.num_patches * max(plan.max_slots, 1) * q.shape[-1]
-        if size <= GATHER_MAX_ELEMENTS:
-            method = "gather"
-        else:
-            method = "csr" if q.device.type == "cpu" else "loop"
-    if method == "gather":
-        return _fib_gather(q, k, v, pattern, grid, num_prefix, scale)
+        method = "csr" if csr_ok and plan.num_patches >= CSR_MIN_PATCHES else "loop"
+    if method == "csr" and not csr_ok:
+        raise ValueError(f"Fibottention method 'csr' needs float32/float64 CPU tensors, got {q.dtype} on {q.device}")
     if method == "loop":
         return _FibLoopFn.apply(q, k, v, plan, num_prefix, scale)
     if method == "csr":
         rows = _fib_rows(pattern, grid, num_prefix, str(q.device))
         return _FibRowsFn.apply(q, k, v, rows, num_prefix, scale)
-    raise ValueError(f"unknown Fibottention sparse method {method!r}; use 'csr', 'loop' or 'gather'")
-
-
-def _fib_gather(q, k, v, pattern, grid, n0, scale):
-    """Vectorised version for small problems: gather each query's keys (B, heads, P, K, d)."""
-    B, H, N, D = q.shape
-    idx, valid = _fib_gather_index(pattern, grid, n0, str(q.device))
-    heads = torch.arange(H, device=q.device)[:, None, None]
-    qp, kp, vp = q[:, :, n0:], k[:, :, n0:], v[:, :, n0:]
-    kg = kp[:, heads, idx]  # (B, H, P, K, D)
-    vg = vp[:, heads, idx]
-    scores = torch.matmul(kg, qp.unsqueeze(-1)).squeeze(-1) * scale  # (B, H, P, K)
-    scores = scores.masked_fill(~valid, -math.inf)
-    if n0:
-        prefix_scores = torch.matmul(qp, k[:, :, :n0].transpose(-1, -2)) * scale  # (B, H, P, n0)
-        scores = torch.cat([prefix_scores, scores], dim=-1)
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs[..., n0:].unsqueeze(-2), vg).squeeze(-2)  # (B, H, P, D)
-    if not n0:
-        return out
-    out = out + torch.matmul(probs[..., :n0], v[:, :, :n0])
-    out_prefix = _full_rows(q[:, :, :n0], k, v, scale)
-    return torch.cat([out_prefix, out], dim=2)
-
-
-def _full_rows(q0, k, v, scale):
-    """Prefix (CLS) queries see every token with zero bias: plain attention of n0 rows."""
-    probs = torch.softmax(torch.matmul(q0, k.transpose(-1, -2)) * scale, dim=-1)
-    return torch.matmul(probs, v)
+    raise ValueError(f"unknown Fibottention sparse method {method!r}; use 'csr' or 'loop'")
 
 
 def _rowdot(x, y, out, tmp):
@@ -261,6 +226,7 @@ class _FibLoopFn(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         plan, n0, scale = ctx.plan, ctx.n0, ctx.scale
         q, k, v, out, *saved = ctx.saved_tensors
@@ -400,7 +366,7 @@ def _fib_rows(pattern: FibottentionPattern, grid: tuple[int, int], num_prefix: i
                 pad=pad.to(dev),
                 idx_t=cvt(idx_t),
                 offsets_t=cvt(offsets_t),
-                perm=perm.to(dev),
+                perm=cvt(perm),
                 num_keys=n,
             )
         )
@@ -450,6 +416,7 @@ class _FibRowsFn(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         rows, n0, scale = ctx.rows, ctx.n0, ctx.scale
         q, k, v, out, *saved = ctx.saved_tensors
@@ -625,7 +592,8 @@ class _LookHereTileFn(torch.autograd.Function):
     def forward(ctx, q, k, v, table, grid, plan, n0, scale, use_flash):
         B, H, N, D = q.shape
         out = q.new_empty(B, H, N, D)
-        lse = q.new_empty(B, H, N, dtype=torch.float32) if use_flash else None
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # what the kernel returns
+        lse = q.new_empty(B, H, N, dtype=lse_dtype) if use_flash else None
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         if n0:  # prefix queries: every key, no bias
             if use_flash:
@@ -654,6 +622,7 @@ class _LookHereTileFn(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         table, grid, plan, n0, scale, use_flash = ctx.table, ctx.grid, ctx.plan, ctx.n0, ctx.scale, ctx.use_flash
         if use_flash:
@@ -685,14 +654,17 @@ class _LookHereTileFn(torch.autograd.Function):
             dv += g[2]
         for tile in plan:
             q_tok = tile.q_tok
-            for h0, h1, k_tok, k_code in tile.groups:
-                bias = _tile_bias(table, h0, h1, tile.q_code, k_code, n0, q.dtype)
-                g = grads(h0, h1, q_tok, k_tok, bias)
-                dq[:, h0:h1].index_copy_(2, q_tok, g[0])
-                if k_tok is None:
-                    dk[:, h0:h1] += g[1]
-                    dv[:, h0:h1] += g[2]
-                else:
-                    dk[:, h0:h1].index_add_(2, k_tok, g[1])
-                    dv[:, h0:h1].index_add_(2, k_tok, g[2])
+            for g0, g1, k_tok, k_code in tile.groups:
+                # one head at a time: the kernel's key/value gradients for a run of heads that
+                # sees every key are as large as dk itself (per head: 1/heads of it)
+                for h in range(g0, g1):
+                    bias = _tile_bias(table, h, h + 1, tile.q_code, k_code, n0, q.dtype)
+                    g = grads(h, h + 1, q_tok, k_tok, bias)
+                    dq[:, h : h + 1].index_copy_(2, q_tok, g[0])
+                    if k_tok is None:
+                        dk[:, h : h + 1] += g[1]
+                        dv[:, h : h + 1] += g[2]
+                    else:
+                        dk[:, h : h + 1].index_add_(2, k_tok, g[1])
+                        dv[:, h : h + 1].index_add_(2, k_tok, g[2])
         return dq, dk, dv, None, None, None, None, None, None
