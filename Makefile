@@ -48,7 +48,7 @@ demo: $(STAMP)
 	@echo "demo outputs: dataset $(DEMO_DATA), checkpoints $(DEMO_RUN)/checkpoints, TensorBoard $(DEMO_RUN)/tb, rollout summary and videos $(DEMO_RUN)/eval"
 
 bench: $(STAMP)
-	$(PYTHON) benchmarks/attention.py --json results/attention_benchmark/cpu.json
+	$(PYTHON) -m benchmarks.attention --sizes 81,256,1024,4096 --repeats 5 --json results/attention_benchmark/cpu.json
 
 clean-venv:
 	rm -rf $(VENV)

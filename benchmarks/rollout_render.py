@@ -1,6 +1,6 @@
 """Rollout seconds per episode on Lift with and without the rendering optimisations.
 
-    python benchmarks/rollout_render.py CHECKPOINT [--episodes 4] [--workers 0]
+    python -m benchmarks.rollout_render CHECKPOINT [--episodes 4] [--workers 0]
 
 Evaluates the same checkpoint on the same seeds twice, once with ``fast_render`` (shadows and
 reflections off, no multisampling, render context recreated) and once with robosuite's defaults.
