@@ -66,6 +66,14 @@ AUTO_MIN_TOKENS = {
 _DEFAULT_DEVICE_RULE = "cuda"  # unknown device types (mps, xpu, ...) follow the CUDA rule
 
 
+def _prefix_rows(q, k, v, h: int, n0: int, scale: float, out) -> torch.Tensor:
+    """Prefix (CLS) queries of head ``h`` see every key: dense attention on their n0 rows only.
+    Writes ``out[:, h, :n0]`` and returns the probabilities (B, n0, N) for the backward."""
+    p0 = torch.softmax(torch.matmul(q[:, h, :n0], k[:, h].transpose(1, 2)) * scale, dim=-1)  # (B, n0, N)
+    out[:, h, :n0] = torch.matmul(p0, v[:, h])
+    return p0
+
+
 def choose_impl(pattern, n_tokens: int, device) -> str:
     """``"dense"`` or ``"sparse"`` for this pattern, token count and device (pure function)."""
     kind = getattr(pattern, "kind", "full")
@@ -218,9 +226,7 @@ class _FibLoopFn(torch.autograd.Function):
                 oh[:, a:b].addcmul_(pr[:, n0 + j, a:b].unsqueeze(-1), vh[:, a + off : b + off])
             probs.append(pr)
             if n0:
-                p0 = torch.softmax(torch.matmul(q[:, h, :n0], k[:, h].transpose(1, 2)) * scale, dim=-1)  # (B, n0, N)
-                out[:, h, :n0] = torch.matmul(p0, v[:, h])
-                prefix_probs.append(p0)
+                prefix_probs.append(_prefix_rows(q, k, v, h, n0, scale, out))
         ctx.plan, ctx.n0, ctx.scale = plan, n0, scale
         ctx.save_for_backward(q, k, v, out, *probs, *prefix_probs)
         return out
@@ -408,9 +414,7 @@ class _FibRowsFn(torch.autograd.Function):
                 out[b, h, n0:] = _bag(hr.col, v[b, h], hr.offsets, pr[b].view(-1))
             probs.append(pr)
             if n0:
-                p0 = torch.softmax(torch.matmul(q[:, h, :n0], k[:, h].transpose(1, 2)) * scale, dim=-1)  # (B, n0, N)
-                out[:, h, :n0] = torch.matmul(p0, v[:, h])
-                prefix_probs.append(p0)
+                prefix_probs.append(_prefix_rows(q, k, v, h, n0, scale, out))
         ctx.rows, ctx.n0, ctx.scale = rows, n0, scale
         ctx.save_for_backward(q, k, v, out, *probs, *prefix_probs)
         return out
