@@ -171,7 +171,10 @@ def train(cfg: dict) -> TrainResult:
         step = int(state["step"])
         if ddp.is_main:
             print(f"resumed {ckpt_dir / 'last'} at step {step}")
-    torch.manual_seed(cfg["seed"] * 1000 + ddp.rank + step)  # per-rank crops and noise
+    if not cfg["resume"]:
+        torch.manual_seed(cfg["seed"] * 1000 + ddp.rank)  # weights are built: now per-rank crops and noise
+    elif ddp.rank > 0:  # the checkpoint holds rank 0's stream; other ranks derive theirs from it
+        torch.manual_seed(torch.initial_seed() + 7919 * ddp.rank + step)
 
     model = _LossModule(policy)
     if ddp.world_size > 1:

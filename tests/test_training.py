@@ -99,3 +99,4 @@ def test_config_errors_name_the_field(tmp_path, tiny_pusht_zarr):
     cfg = tiny_train_cfg(tmp_path, tiny_pusht_zarr, extra=["attention.kind=nope"])
     with pytest.raises(ValueError, match="attention.kind='nope' is unknown"):
         policy_from_cfg(cfg)
+
