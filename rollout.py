@@ -19,10 +19,9 @@ import numpy as np
 import torch
 
 from common.cli import parse_key_values
-from envs.factory import EnvError, EnvPool, env_kwargs_from_task
+from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
 from policies.checkpoint import load_policy, read_checkpoint_meta, resolve_checkpoint
 
-EVAL_SEED_START = 100_000
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from common.cli import parse_key_values
+from envs.factory import EVAL_SEED_START
 
 from .episodes import atomic_output
 
 TASKS = {"pusht": "envs.experts.pusht", "lift": "envs.experts.lift", "can": "envs.experts.can"}
-EVAL_SEED_START = 100_000
 DEFAULTS = {"task": None, "num_episodes": 200, "out": None, "workers": 1, "seed": 0, "overwrite": False,
             "max_attempts": None, "image_size": None}
 USAGE = ("usage: python -m datasets.generate task={pusht,lift,can} num_episodes=N out=PATH "

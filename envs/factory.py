@@ -10,6 +10,8 @@ import multiprocessing as mp
 import traceback
 
 TASKS = ("pusht", "lift", "can")
+# Demonstrations use initial-state seeds below this, evaluation seeds start here: they never overlap.
+EVAL_SEED_START = 100_000
 
 
 def make_env(task: str, **kwargs):

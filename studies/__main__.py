@@ -109,9 +109,13 @@ def run_data_efficiency(args, budget):
 def run_robustness(args, budget):
     rows = []
     for t in args.tasks:
-        image_keys = [k for k in (["image"] if t == "pusht" else ["agentview_image", "robot0_eye_in_hand_image"])]
         for c in tqdm(cells_for(args, t, budget), desc=f"robustness {t}", unit="cell"):
-            train_cell(c, log=tqdm.write)
+            last = train_cell(c, log=tqdm.write)
+        # the cameras the policies see, as the trained config names them
+        from policies.checkpoint import read_checkpoint_meta
+
+        shapes = read_checkpoint_meta(last)["policy_config"]["input_shapes"]
+        image_keys = [k for k, s in shapes.items() if len(s) == 3]
         for p in budget["policies"]:
             for a in budget["attentions"]:
                 group = [c for c in cells_for(args, t, budget) if (c.policy, c.attention) == (p, a)]
