@@ -195,12 +195,15 @@ def _write_video(path: Path, frames: list, fps: int) -> None:
 
 def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,
                         out_dir=None, device="cpu", num_videos: int = 3, image_size=None, obs_transform=None,
-                        max_steps=None, global_slope=None, num_inference_steps=None, progress=True) -> dict:
+                        max_steps=None, global_slope=None, num_inference_steps=None, n_action_steps=None,
+                        progress=True) -> dict:
     ckpt = resolve_checkpoint(checkpoint)
     meta = read_checkpoint_meta(ckpt)
     overrides = {}
     if num_inference_steps is not None:
         overrides["num_inference_steps"] = num_inference_steps
+    if n_action_steps is not None:  # Ta only acts at inference: replan more or less often without retraining
+        overrides["n_action_steps"] = n_action_steps
     if global_slope is not None:  # LookHere: a lower slope helps on images larger than in training
         vit = dict(meta["policy_config"]["vit"])
         vit["attention"] = {**vit["attention"], "global_slope": global_slope}
@@ -211,7 +214,8 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
                        obs_transform=obs_transform, video_dir=Path(out_dir) / "videos" if out_dir and num_videos else None,
                        num_videos=num_videos, max_steps=max_steps, progress=progress)
     summary.update(checkpoint=str(ckpt), task=task_cfg["name"], policy=meta["policy"],
-                   attention=meta["policy_config"]["vit"]["attention"]["kind"], seed_start=seed, image_size=image_size)
+                   attention=meta["policy_config"]["vit"]["attention"]["kind"], seed_start=seed, image_size=image_size,
+                   n_action_steps=policy.config.n_action_steps)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -234,12 +238,12 @@ def format_summary(s: dict) -> str:
     return line
 
 
-USAGE = "usage: python rollout.py checkpoint=PATH [num_episodes=50] [seed=100000] [workers=0] [out_dir=DIR] [device=auto] [num_videos=3] [image_size=N] [max_steps=N] [global_slope=X] [num_inference_steps=N]"
+USAGE = "usage: python rollout.py checkpoint=PATH [num_episodes=50] [seed=100000] [workers=0] [out_dir=DIR] [device=auto] [num_videos=3] [image_size=N] [max_steps=N] [global_slope=X] [num_inference_steps=N] [n_action_steps=N]"
 
 
 DEFAULTS = {"checkpoint": None, "num_episodes": 50, "seed": EVAL_SEED_START, "workers": 0, "out_dir": None,
             "device": "auto", "num_videos": 3, "image_size": None, "max_steps": None, "global_slope": None,
-            "num_inference_steps": None}
+            "num_inference_steps": None, "n_action_steps": None}
 
 
 def parse_overrides(argv: list[str]) -> dict:
@@ -260,7 +264,8 @@ def main(argv: list[str] | None = None) -> dict:
     summary = evaluate_checkpoint(ckpt, num_episodes=args["num_episodes"], seed=args["seed"], workers=args["workers"],
                                   out_dir=out_dir, device=pick_device(args["device"]), num_videos=args["num_videos"],
                                   image_size=args["image_size"], max_steps=args["max_steps"],
-                                  global_slope=args["global_slope"], num_inference_steps=args["num_inference_steps"])
+                                  global_slope=args["global_slope"], num_inference_steps=args["num_inference_steps"],
+                                  n_action_steps=args["n_action_steps"])
     print(format_summary(summary))
     print(f"summary: {out_dir / 'summary.json'}" + (f"  videos: {out_dir / 'videos'}" if args["num_videos"] else ""))
     return summary

@@ -25,6 +25,9 @@ class PolicyConfig:
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     action_dim: int = 2
     n_obs_steps: int = 2  # To
+    # camera frames among the To steps (the latest ones); None: all To. 1 keeps the encoder's cost
+    # at one frame while the low-dim history still shows velocities (is the gripper still closing?)
+    n_image_obs_steps: int | None = None
     horizon: int = 16  # T
     n_action_steps: int = 8  # Ta
     crop_size: int = 84
@@ -38,6 +41,11 @@ class PolicyConfig:
         for name in ("n_obs_steps", "horizon", "n_action_steps", "action_dim", "crop_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"policy.{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_image_obs_steps is not None and not 1 <= self.n_image_obs_steps <= self.n_obs_steps:
+            raise ValueError(
+                f"policy.n_image_obs_steps ({self.n_image_obs_steps}) must be between 1 and n_obs_steps ({self.n_obs_steps}), "
+                "or null for all of them"
+            )
         if self.n_obs_steps - 1 + self.n_action_steps > self.horizon:
             raise ValueError(
                 f"policy.horizon ({self.horizon}) must cover n_obs_steps - 1 + n_action_steps "
@@ -47,6 +55,10 @@ class PolicyConfig:
             c, h, w = self.input_shapes[key]
             if self.crop_size > min(h, w):
                 raise ValueError(f"policy.crop_size ({self.crop_size}) is larger than camera {key!r} ({h}x{w})")
+
+    @property
+    def image_obs_steps(self) -> int:
+        return self.n_obs_steps if self.n_image_obs_steps is None else self.n_image_obs_steps
 
     @property
     def image_keys(self) -> list[str]:
@@ -100,7 +112,7 @@ class Policy(nn.Module):
 
     # --- shared helpers ------------------------------------------------------------------
     def encode_obs(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """obs[key]: (B, >=To, ...) -> (B, To * feature_dim); extra steps (a training window) are cut."""
+        """obs[key]: (B, >=To, ...) -> (B, cond_dim); extra steps (a training window) are cut."""
         to = self.config.n_obs_steps
         return self.obs_encoder({k: obs[k][:, :to] for k in self.config.input_shapes})
 

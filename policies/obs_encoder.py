@@ -35,7 +35,10 @@ class ObsEncoder(nn.Module):
         self.lowdim_keys = config.lowdim_keys
         n_vits = 1 if config.share_vit else len(self.image_keys)
         self.vits = nn.ModuleList(ViT(config.vit) for _ in range(n_vits))
-        self.feature_dim = len(self.image_keys) * config.vit.out_dim + sum(config.input_shapes[k][0] for k in self.lowdim_keys)
+        self.image_steps = config.image_obs_steps
+        # conditioning size: the last image_steps frames of each camera + To steps of every low-dim key
+        self.output_dim = (self.image_steps * len(self.image_keys) * config.vit.out_dim
+                           + config.n_obs_steps * sum(config.input_shapes[k][0] for k in self.lowdim_keys))
 
     def crop_size_for(self, key: str, height: int) -> int:
         """The training crop, scaled with the image when evaluating on larger renders."""
@@ -43,15 +46,15 @@ class ObsEncoder(nn.Module):
         return round(self.config.crop_size * height / train_h)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """obs[key]: (B, To, H, W, C) uint8 images or (B, To, D) low-dim -> (B, To * feature_dim)."""
+        """obs[key]: (B, To, H, W, C) uint8 images or (B, To, D) low-dim -> (B, output_dim)."""
         feats = []
         for i, key in enumerate(self.image_keys):
-            img = obs[key]
+            img = obs[key][:, -self.image_steps :]  # (B, To_img, H, W, C): the latest frames
             b, t = img.shape[:2]
             x = img.reshape(b * t, *img.shape[2:]).permute(0, 3, 1, 2).float() / 255.0  # (B*To, C, H, W)
             x = crop_images(x, self.crop_size_for(key, x.shape[-2]), random=self.training)
             vit = self.vits[0 if self.config.share_vit else i]
-            feats.append(vit(x).reshape(b, t, -1))  # (B, To, out_dim)
+            feats.append(vit(x).reshape(b, -1))  # (B, To_img * out_dim)
         for key in self.lowdim_keys:
-            feats.append(self._normalize(key, obs[key].float()))  # (B, To, D)
-        return torch.cat(feats, dim=-1).flatten(1)  # (B, To * feature_dim)
+            feats.append(self._normalize(key, obs[key].float()).flatten(1))  # (B, To * D)
+        return torch.cat(feats, dim=-1)  # (B, output_dim)

@@ -27,8 +27,19 @@ EVAL_SIZES = {"pusht": [96, 128], "lift": [84, 112, 128], "can": [84, 112, 128]}
 STUDIES = ("main", "data_efficiency", "robustness", "resolution", "diversity")
 
 
+def cell_extra(args, budget, task, extra=()) -> list[str]:
+    """Training overrides of a cell: the budget's per-task recipe, then the command line's, then the study's."""
+    return list(budget.get("overrides", {}).get(task, [])) + list(args.extra) + list(extra)
+
+
+def steps_for(budget, task: str, policy: str) -> int:
+    """Training steps of a cell: the budget gives one number per task, or one per task and policy."""
+    steps = budget["steps"][task]
+    return int(steps[policy]) if isinstance(steps, dict) else int(steps)
+
+
 def cells_for(args, task, budget, extra=()):
-    return [Cell(task, p, a, s, budget["steps"][task], budget["batch_size"], list(args.extra) + list(extra))
+    return [Cell(task, p, a, s, steps_for(budget, task, p), budget["batch_size"], cell_extra(args, budget, task, extra))
             for p in budget["policies"] for a in budget["attentions"] for s in budget["seeds"]]
 
 
@@ -79,7 +90,7 @@ def run_data_efficiency(args, budget):
     for t in args.tasks:
         for n in tqdm(budget["demos"], desc=f"data efficiency {t}", unit="size"):
             for c_att in budget["attentions"]:
-                group = [Cell(t, p, c_att, s, budget["steps"][t], budget["batch_size"], list(args.extra) + [f"train.max_episodes={n}"])
+                group = [Cell(t, p, c_att, s, steps_for(budget, t, p), budget["batch_size"], cell_extra(args, budget, t, [f"train.max_episodes={n}"]))
                          for p in budget["policies"][:1] for s in budget["seeds"]]
                 for c in group:
                     train_cell(c, log=tqdm.write)
@@ -255,6 +266,9 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--policies", help="override the budget's policies, comma-separated (bc,diffusion)")
     parser.add_argument("--attentions", help="override the budget's attention kinds (full,fibottention,lookhere,lookhere:45)")
     parser.add_argument("--max-steps", type=int, help="cap evaluation episodes at this many steps")
+    parser.add_argument("--steps", type=int, help="override the budget's training steps (every task)")
+    parser.add_argument("--episodes", type=int, help="override the budget's evaluation episodes per seed")
+    parser.add_argument("--seeds", help="override the budget's training seeds, comma-separated")
     parser.add_argument("--results", default=str(common.RESULTS), help="results root (default results/)")
     parser.add_argument("extra", nargs="*", help="extra training overrides for every cell, e.g. policy.vit.dim=64")
     args = parser.parse_intermixed_args(argv)
@@ -266,6 +280,12 @@ def main(argv: list[str] | None = None):
         budget["policies"] = args.policies.split(",")
     if args.attentions:
         budget["attentions"] = args.attentions.split(",")
+    if args.steps:
+        budget["steps"] = {t: args.steps for t in budget["steps"]}
+    if args.episodes:
+        budget["episodes"] = args.episodes
+    if args.seeds:
+        budget["seeds"] = [int(x) for x in args.seeds.split(",")]
     out = RUNNERS[args.study](args, budget)
     print((out / "table.md").read_text())
     return out

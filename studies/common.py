@@ -22,13 +22,22 @@ CELLS = RESULTS / "cells"  # checkpoints live here and stay out of git
 BUDGETS = {
     "small": {
         "seeds": [0],
-        "episodes": 20,
+        "episodes": 50,
         "workers": 2,
-        "steps": {"lift": 3000, "can": 6000, "pusht": 6000},
+        "steps": {"lift": {"bc": 4000, "diffusion": 4500}, "can": 6000, "pusht": 6000},
         "batch_size": 64,
         "demos": [10, 25, 50],
         "policies": ["bc"],
         "attentions": ["full", "fibottention", "lookhere"],
+        # CPU recipe per task, one torch thread per process (two processes share the two cores).
+        # Two observation steps for the low-dim state (velocities: is the gripper still closing, is
+        # the arm rising?) but the camera only at the latest step, so the encoder costs one frame.
+        # Lift sees only the agentview camera, as the calibration prototype did.
+        "overrides": {
+            "lift": ["~task.input_shapes.robot0_eye_in_hand_image", "policy.n_image_obs_steps=1", "train.num_threads=1"],
+            "can": ["policy.n_image_obs_steps=1", "train.num_threads=1"],
+            "pusht": ["policy.n_image_obs_steps=1", "train.num_threads=1"],
+        },
     },
     "full": {
         "seeds": [0, 1, 2],

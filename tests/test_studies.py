@@ -68,3 +68,21 @@ def test_cka_is_invariant_to_rotation_and_scale():
     x = torch.randn(50, 6, dtype=torch.float64)
     q, _ = torch.linalg.qr(torch.randn(6, 6, dtype=torch.float64))
     assert linear_cka(x, 3.0 * x @ q) == pytest.approx(1.0)
+
+
+def test_budget_recipe_and_command_line_overrides_reach_every_cell():
+    import argparse
+
+    from studies.__main__ import cells_for, steps_for
+
+    budget = {"seeds": [0, 1], "steps": {"lift": {"bc": 50, "diffusion": 70}, "pusht": 30}, "batch_size": 8,
+              "policies": ["bc", "diffusion"], "attentions": ["full"],
+              "overrides": {"lift": ["policy.n_obs_steps=1"]}}
+    args = argparse.Namespace(extra=["train.lr=1e-3"])
+    cells = cells_for(args, "lift", budget, extra=["train.max_episodes=5"])
+    assert [(c.policy, c.seed, c.steps) for c in cells] == [("bc", 0, 50), ("bc", 1, 50), ("diffusion", 0, 70), ("diffusion", 1, 70)]
+    # recipe first, then the command line, then the study's own: later overrides win in Hydra
+    assert cells[0].overrides()[-3:] == ["policy.n_obs_steps=1", "train.lr=1e-3", "train.max_episodes=5"]
+    assert steps_for(budget, "pusht", "diffusion") == 30
+    assert cells_for(args, "pusht", budget)[0].overrides()[-1] == "train.lr=1e-3"
+    assert len({c.key for c in cells}) == 4

@@ -100,3 +100,28 @@ def test_config_errors_name_the_field(tmp_path, tiny_pusht_zarr):
     with pytest.raises(ValueError, match="attention.kind='nope' is unknown"):
         policy_from_cfg(cfg)
 
+    cfg = tiny_train_cfg(tmp_path, tiny_pusht_zarr, extra=["policy.n_image_obs_steps=3"])
+    with pytest.raises(ValueError, match=r"policy.n_image_obs_steps \(3\) must be between 1 and n_obs_steps \(2\)"):
+        policy_from_cfg(cfg)
+
+
+@pytest.mark.parametrize("policy_name", POLICY_NAMES)
+def test_image_history_of_one_frame_keeps_the_low_dim_history(tmp_path, tiny_pusht_zarr, policy_name):
+    cfg = tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy=policy_name, extra=["policy.n_image_obs_steps=1"])
+    policy, batch = _batch(cfg)
+    policy.eval()
+    enc = policy.obs_encoder
+    assert enc.output_dim == 1 * policy.config.vit.out_dim + 2 * 2  # one frame of the camera, To=2 of agent_pos
+    base = policy.encode_obs(batch)
+    assert base.shape == (4, enc.output_dim)
+    older_image = {**batch, "image": batch["image"].clone()}
+    older_image["image"][:, 0] = 255 - older_image["image"][:, 0]  # the first of the To frames
+    assert torch.equal(policy.encode_obs(older_image), base)  # never looked at
+    older_pos = {**batch, "agent_pos": batch["agent_pos"].clone()}
+    older_pos["agent_pos"][:, 0] += 50.0
+    assert not torch.allclose(policy.encode_obs(older_pos), base)  # the velocity is seen
+    latest = {**batch, "image": batch["image"].clone()}
+    latest["image"][:, 1] = 255 - latest["image"][:, 1]
+    assert not torch.allclose(policy.encode_obs(latest), base)
+    loss, _ = policy.compute_loss(batch)
+    assert torch.isfinite(loss)

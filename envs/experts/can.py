@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.experts.lift import CLOSE, OPEN, PoseController, ScriptFn, evaluate_cli, get_env, record_episode
+from envs.experts.lift import CLOSE, OPEN, PoseController, ScriptFn, evaluate_cli, get_env, gripper_settled, record_episode
 from envs.robosuite_tasks import DEFAULT_CAMERAS, RobosuiteEnv
 
 
@@ -25,8 +25,6 @@ def _can_script(env: RobosuiteEnv, rng: np.random.Generator) -> ScriptFn:
     goal_xy = goal[:2] + rng.uniform(-0.02, 0.02, 2)
     release_z = rng.uniform(0.885, 0.905)  # can centre height at release (resting height 0.86)
     speed = rng.uniform(0.75, 1.0)
-    close_steps = int(rng.integers(6, 10))
-    open_steps = int(rng.integers(4, 7))
     state = {"phase": "above", "t": 0, "hold": None}
 
     def can():
@@ -39,7 +37,8 @@ def _can_script(env: RobosuiteEnv, rng: np.random.Generator) -> ScriptFn:
         eef = ctrl.eef_pos()
         if phase == "above":
             target = c + [0, 0, above]
-            if (np.linalg.norm((target - eef)[:2]) < 0.01 and abs(target[2] - eef[2]) < 0.02) or state["t"] > 60:
+            # descend once over the can, whatever the height (see gripper_settled on observable phases)
+            if np.linalg.norm((target - eef)[:2]) < 0.01 or state["t"] > 60:
                 state.update(phase="descend", t=0)
             return ctrl.action(target, OPEN, speed)
         if phase == "descend":
@@ -47,9 +46,9 @@ def _can_script(env: RobosuiteEnv, rng: np.random.Generator) -> ScriptFn:
             err = target - eef
             if (np.linalg.norm(err[:2]) < 0.01 and abs(err[2]) < 0.012) or state["t"] > 30:
                 state.update(phase="grasp", t=0)
-            return ctrl.action(target, OPEN, speed * 0.6)
+            return ctrl.action(target - [0, 0, 0.01], OPEN, speed * 0.6)
         if phase == "grasp":
-            if state["t"] >= close_steps:
+            if gripper_settled(ctrl, state["t"]):
                 state.update(phase="lift", t=0, hold=eef.copy())
             return ctrl.action(eef, CLOSE, speed)
         if phase == "lift":
@@ -69,7 +68,7 @@ def _can_script(env: RobosuiteEnv, rng: np.random.Generator) -> ScriptFn:
                 state.update(phase="release", t=0)
             return ctrl.action(eef + offset, CLOSE, speed * 0.6)
         if phase == "release":
-            if state["t"] >= open_steps:
+            if gripper_settled(ctrl, state["t"]):
                 state.update(phase="retreat", t=0, hold=eef.copy())
             return ctrl.action(eef, OPEN, speed)
         # retreat upward; the env terminates once the can is in the bin and the gripper away from it

@@ -53,6 +53,11 @@ class PoseController:
     def eef_pos(self) -> np.ndarray:
         return np.array(self.sim.data.site_xpos[self.site_id])
 
+    def finger_speed(self) -> float:
+        """Largest finger joint speed: the gripper has closed on the object (or fully opened) once it is ~0."""
+        idx = self.robot._ref_gripper_joint_vel_indexes["right"]
+        return float(np.abs(self.sim.data.qvel[idx]).max())
+
     def eef_mat(self) -> np.ndarray:
         return np.array(self.sim.data.site_xmat[self.site_id]).reshape(3, 3)
 
@@ -126,16 +131,25 @@ def record_episode(
     }
 
 
+def gripper_settled(ctrl: PoseController, t: int, min_steps: int = 3) -> bool:
+    """The fingers stopped moving after a close/open command: the next phase may start.
+
+    Phases end on what the policy can see (the finger joints in ``robot0_gripper_qpos``, the hand's
+    height) rather than on hidden timers, so the expert stays a function of its observation and
+    behaviour cloning without memory can reproduce when it closes, lifts or lets go.
+    """
+    return t >= min_steps and ctrl.finger_speed() < 0.02
+
+
 def _lift_script(env: RobosuiteEnv, rng: np.random.Generator) -> ScriptFn:
     rs = env.unwrapped_robosuite
     ctrl = PoseController(env, rng, pos_noise=0.08, rot_noise=0.02)
     cube_id = rs.cube_body_id
     # per-episode variations so demonstrations differ in more than jitter
     above = rng.uniform(0.06, 0.10)
-    grasp_dz = rng.uniform(-0.008, 0.002)
+    grasp_dz = rng.uniform(-0.005, 0.0)
     lift_h = rng.uniform(0.12, 0.18)
     speed = rng.uniform(0.7, 1.0)
-    close_steps = int(rng.integers(6, 10))
     state = {"phase": "above", "t": 0, "lift_from": None}
 
     def cube():
@@ -148,16 +162,20 @@ def _lift_script(env: RobosuiteEnv, rng: np.random.Generator) -> ScriptFn:
         eef = ctrl.eef_pos()
         if phase == "above":
             target = c + [0, 0, above]
-            if np.linalg.norm((target - eef)[:2]) < 0.01 and abs(target[2] - eef[2]) < 0.02 or state["t"] > 60:
+            # descend as soon as the hand is over the cube, whatever its height: no hovering state
+            # that would be labelled "wait" in one demonstration and "go down" in the next
+            if np.linalg.norm((target - eef)[:2]) < 0.01 or state["t"] > 60:
                 state.update(phase="descend", t=0)
             return ctrl.action(target, OPEN, speed)
         if phase == "descend":
             target = c + [0, 0, grasp_dz]
-            if np.linalg.norm(target - eef) < 0.008 or state["t"] > 40:
+            err = target - eef
+            # a threshold the target lies beyond, so the hand crosses it instead of creeping up to it
+            if (np.linalg.norm(err[:2]) < 0.012 and abs(err[2]) < 0.01) or state["t"] > 40:
                 state.update(phase="close", t=0)
-            return ctrl.action(target, OPEN, speed * 0.6)
+            return ctrl.action(target - [0, 0, 0.01], OPEN, speed * 0.6)
         if phase == "close":
-            if state["t"] >= close_steps:
+            if gripper_settled(ctrl, state["t"]):
                 state.update(phase="lift", t=0, lift_from=eef.copy())
             return ctrl.action(eef, CLOSE, speed)
         # lift: the env terminates on success; give up after a while

@@ -17,7 +17,7 @@ class BCPolicy(Policy):
     def __init__(self, config: BCConfig):
         super().__init__(config)
         c = config
-        cond_dim = c.n_obs_steps * self.obs_encoder.feature_dim
+        cond_dim = self.obs_encoder.output_dim
         if c.head == "mlp":
             self.head = MLPHead(cond_dim, c.horizon, c.action_dim, c.hidden_dims, c.dropout, c.tanh)
         else:

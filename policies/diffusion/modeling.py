@@ -19,7 +19,7 @@ class DiffusionPolicy(Policy):
         super().__init__(config)
         c = config
         self.unet = ConditionalUnet1D(
-            c.action_dim, c.n_obs_steps * self.obs_encoder.feature_dim, c.down_dims, c.kernel_size, c.n_groups, c.diffusion_step_embed_dim
+            c.action_dim, self.obs_encoder.output_dim, c.down_dims, c.kernel_size, c.n_groups, c.diffusion_step_embed_dim
         )
         sched = dict(
             num_train_timesteps=c.num_train_timesteps,
