@@ -24,7 +24,7 @@ BUDGETS = {
         "seeds": [0],
         "episodes": 50,
         "workers": 2,
-        "steps": {"lift": {"bc": 4000, "diffusion": 6000}, "can": 4500, "pusht": 6000},
+        "steps": {"lift": {"bc": 4000, "diffusion": 4000}, "can": 4500, "pusht": 6000},
         "batch_size": 64,
         "demos": [10, 25, 50],
         "policies": ["bc"],
