@@ -23,7 +23,6 @@ from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_tas
 from policies.checkpoint import load_policy, read_checkpoint_meta, resolve_checkpoint
 
 
-
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson score interval of a binomial proportion (sane at 0/n and n/n, unlike Wald)."""
     if n == 0:
