@@ -194,7 +194,7 @@ def _write_video(path: Path, frames: list, fps: int) -> None:
 
 def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,
                         out_dir=None, device="cpu", num_videos: int = 3, image_size=None, obs_transform=None,
-                        max_steps=None, global_slope=None, num_inference_steps=None, n_action_steps=None,
+                        max_steps=None, global_slope=None, w_max=None, num_inference_steps=None, n_action_steps=None,
                         progress=True) -> dict:
     ckpt = resolve_checkpoint(checkpoint)
     meta = read_checkpoint_meta(ckpt)
@@ -203,17 +203,22 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
         overrides["num_inference_steps"] = num_inference_steps
     if n_action_steps is not None:  # Ta only acts at inference: replan more or less often without retraining
         overrides["n_action_steps"] = n_action_steps
-    if global_slope is not None:  # LookHere: a lower slope helps on images larger than in training
-        vit = dict(meta["policy_config"]["vit"])
-        vit["attention"] = {**vit["attention"], "global_slope": global_slope}
-        overrides["vit"] = vit
+    # Attention settings that only act on the masks, so they can change at inference on larger images:
+    # LookHere's global slope (the paper lowers it), Fibottention's window (N // 3 grows with N).
+    attn = meta["policy_config"]["vit"]["attention"]
+    attn_over = {k: v for k, v in (("global_slope", global_slope), ("w_max", w_max)) if v is not None}
+    for key, kind in (("global_slope", "lookhere"), ("w_max", "fibottention")):
+        if key in attn_over and attn["kind"] != kind:
+            raise ValueError(f"{key}= applies to {kind} attention, but this checkpoint uses {attn['kind']!r}; drop {key}=")
+    if attn_over:
+        overrides["vit"] = {**meta["policy_config"]["vit"], "attention": {**attn, **attn_over}}
     policy = load_policy(ckpt, device=device, **overrides)
     task_cfg = meta["cfg"]["task"]
     summary = evaluate(policy, task_cfg, num_episodes=num_episodes, seed=seed, workers=workers, image_size=image_size,
                        obs_transform=obs_transform, video_dir=Path(out_dir) / "videos" if out_dir and num_videos else None,
                        num_videos=num_videos, max_steps=max_steps, progress=progress)
     summary.update(checkpoint=str(ckpt), task=task_cfg["name"], policy=meta["policy"],
-                   attention=meta["policy_config"]["vit"]["attention"]["kind"], seed_start=seed, image_size=image_size,
+                   attention=attn["kind"], attention_overrides=attn_over, seed_start=seed, image_size=image_size,
                    n_action_steps=policy.config.n_action_steps)
     if out_dir is not None:
         out = Path(out_dir)
@@ -237,12 +242,12 @@ def format_summary(s: dict) -> str:
     return line
 
 
-USAGE = "usage: python rollout.py checkpoint=PATH [num_episodes=50] [seed=100000] [workers=0] [out_dir=DIR] [device=auto] [num_videos=3] [image_size=N] [max_steps=N] [global_slope=X] [num_inference_steps=N] [n_action_steps=N]"
+USAGE = "usage: python rollout.py checkpoint=PATH [num_episodes=50] [seed=100000] [workers=0] [out_dir=DIR] [device=auto] [num_videos=3] [image_size=N] [max_steps=N] [global_slope=X] [w_max=N] [num_inference_steps=N] [n_action_steps=N]"
 
 
 DEFAULTS = {"checkpoint": None, "num_episodes": 50, "seed": EVAL_SEED_START, "workers": 0, "out_dir": None,
             "device": "auto", "num_videos": 3, "image_size": None, "max_steps": None, "global_slope": None,
-            "num_inference_steps": None, "n_action_steps": None}
+            "w_max": None, "num_inference_steps": None, "n_action_steps": None}
 
 
 def parse_overrides(argv: list[str]) -> dict:
@@ -263,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = evaluate_checkpoint(ckpt, num_episodes=args["num_episodes"], seed=args["seed"], workers=args["workers"],
                                   out_dir=out_dir, device=pick_device(args["device"]), num_videos=args["num_videos"],
                                   image_size=args["image_size"], max_steps=args["max_steps"],
-                                  global_slope=args["global_slope"], num_inference_steps=args["num_inference_steps"],
+                                  global_slope=args["global_slope"], w_max=args["w_max"], num_inference_steps=args["num_inference_steps"],
                                   n_action_steps=args["n_action_steps"])
     print(format_summary(summary))
     print(f"summary: {out_dir / 'summary.json'}" + (f"  videos: {out_dir / 'videos'}" if args["num_videos"] else ""))

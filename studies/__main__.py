@@ -161,6 +161,16 @@ def run_robustness(args, budget):
                          notes="Corruptions are applied to every camera image the policy sees; severity 0 = clean.")
 
 
+def fib_train_window(cell: Cell) -> int:
+    """Fibottention's default window of a trained cell: N // 3 of its training patch grid."""
+    from policies.checkpoint import read_checkpoint_meta
+
+    vit = read_checkpoint_meta(cell.run_dir / "checkpoints" / "last")["policy_config"]["vit"]
+    if vit["attention"].get("w_max") is not None:
+        return int(vit["attention"]["w_max"])
+    return vit["base_grid"][0] * vit["base_grid"][1] // 3
+
+
 def run_resolution(args, budget):
     rows = []
     for t in args.tasks:
@@ -171,14 +181,18 @@ def run_resolution(args, budget):
                 group = [c for c in cells_for(args, t, budget) if (c.policy, c.attention) == (p, a)]
                 variants = [(a, None)]
                 if a.startswith("lookhere"):
-                    variants.append((f"{a} (s_g scaled)", "scaled"))
-                for label, slope in variants:
+                    variants.append((f"{a} (s_g scaled)", "slope"))
+                if a == "fibottention":
+                    variants.append((f"{a} (training window)", "window"))
+                for label, variant in variants:
                     row = {"task": t, "policy": p, "attention": label, "rates": {}}
                     for size in EVAL_SIZES[t]:
                         kw = dict(eval_kwargs(args, budget), image_size=size)
-                        if slope == "scaled":  # the paper lowers the global slope on larger images
+                        if variant == "slope":  # the paper lowers the global slope on larger images
                             kw["global_slope"] = TRAIN_SIZE[t] / size
-                        res = pooled([eval_cell(c, f"size{size}{'_slope' if slope else ''}", **kw) for c in group])
+                        if variant == "window":  # keep w_max = N // 3 of the training grid, not of the larger one
+                            kw["w_max"] = fib_train_window(c)
+                        res = pooled([eval_cell(c, f"size{size}{'_' + variant if variant else ''}", **kw) for c in group])
                         row[f"size{size}"] = f"{100 * res['success_rate']:.0f}%"
                         row["rates"][size] = res["success_rate"]
                     rows.append(row)

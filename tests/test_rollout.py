@@ -50,3 +50,23 @@ def test_rollout_bad_arguments():
         rollout.main(["checkpoint=x", "episodes=3"])
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         rollout.main(["checkpoint=/nonexistent"])
+
+
+
+def test_rollout_attention_overrides(tiny_checkpoint, monkeypatch):
+    seen = {}
+    real = rollout.load_policy
+
+    def spy(*args, **kwargs):
+        seen["policy"] = real(*args, **kwargs)
+        return seen["policy"]
+
+    monkeypatch.setattr(rollout, "load_policy", spy)
+    s = rollout.evaluate_checkpoint(tiny_checkpoint, num_episodes=1, max_steps=2, num_videos=0, w_max=7, progress=False)
+    assert s["attention_overrides"] == {"w_max": 7}
+    # the window reaches every layer's mask: no head attends farther than 7 patches
+    patterns = [m.pattern for m in seen["policy"].modules() if hasattr(m, "pattern") and hasattr(m, "qkv")]
+    assert patterns and all(p.w_max == 7 for p in patterns)
+    assert max(max(offs) for p in patterns for offs in p.offsets((6, 6))) <= 7
+    with pytest.raises(ValueError, match="global_slope= applies to lookhere attention.*'fibottention'"):
+        rollout.evaluate_checkpoint(tiny_checkpoint, num_episodes=1, max_steps=2, num_videos=0, global_slope=0.5, progress=False)
