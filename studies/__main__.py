@@ -12,6 +12,8 @@ Finished cells are cached under results/cells/, so an interrupted study resumes.
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,8 @@ from studies.corruptions import CORRUPTIONS, obs_corruptor
 TRAIN_SIZE = {"pusht": 96, "lift": 84, "can": 84}
 EVAL_SIZES = {"pusht": [96, 128], "lift": [84, 112, 128], "can": [84, 112, 128]}
 STUDIES = ("main", "data_efficiency", "robustness", "resolution", "diversity")
+MAIN_KEYS = ("task", "policy", "attention", "steps")
+EFFICIENCY_KEYS = ("task", "policy", "attention", "steps", "demos")
 
 
 def cell_extra(args, budget, task, extra=()) -> list[str]:
@@ -62,11 +66,11 @@ def run_main(args, budget):
                 group = [c for c in cells if (c.task, c.policy, c.attention) == (t, p, a)]
                 pool = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
                 secs = [train_seconds(c) for c in group]
-                rows.append({"task": t, "policy": p, "attention": a, "success": fmt_rate(pool), **pool,
+                rows.append({"task": t, "policy": p, "attention": a, "steps": steps_for(budget, t, p), "success": fmt_rate(pool), **pool,
                              "coverage": f"{pool['mean_max_coverage']:.3f}" if "mean_max_coverage" in pool else "",
                              "train_min": f"{np.mean([s for s in secs if s]) / 60:.1f}" if any(secs) else ""})
 
-    def plot(plt):
+    def plot(plt, rows):
         fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows)), 3))
         labels = [f"{r['task']}\n{r['policy']}\n{r['attention']}" for r in rows]
         rates = [r["success_rate"] for r in rows]
@@ -77,12 +81,12 @@ def run_main(args, budget):
         ax.set_ylabel("success rate (95% Wilson)")
         return fig
 
-    return write_results("main", rows, [("task", "task"), ("policy", "policy"), ("attention", "attention"),
+    return write_results("main", rows, [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("steps", "steps"),
                                         ("success", "success [95% CI] (k/n)"), ("coverage", "mean max coverage"),
-                                        ("train_min", "train minutes / seed")],
+                                        ("train_min", "train minutes / seed")], merge_on=MAIN_KEYS,
                          title="Main comparison: task x policy x attention", plot=plot,
                          notes=f"Budget `{args.budget}`: seeds {budget['seeds']}, {budget['episodes']} evaluation episodes per seed "
-                               f"on held-out seeds from 100000, steps {budget['steps']}.")
+                               f"on held-out seeds from 100000. Rows of earlier runs on this budget are kept.")
 
 
 def run_data_efficiency(args, budget):
@@ -95,16 +99,16 @@ def run_data_efficiency(args, budget):
                 for c in group:
                     train_cell(c, log=tqdm.write)
                 pool = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
-                rows.append({"task": t, "demos": n, "attention": c_att, "policy": budget["policies"][0], "success": fmt_rate(pool), **pool})
+                rows.append({"task": t, "demos": n, "attention": c_att, "policy": budget["policies"][0],
+                             "steps": steps_for(budget, t, budget["policies"][0]), "success": fmt_rate(pool), **pool})
 
-    def plot(plt):
+    def plot(plt, rows):
         fig, ax = plt.subplots(figsize=(4.5, 3))
-        for t in args.tasks:
-            for a in budget["attentions"]:
-                rr = [r for r in rows if r["task"] == t and r["attention"] == a]
-                ax.errorbar([r["demos"] for r in rr], [r["success_rate"] for r in rr],
-                            yerr=[[r["success_rate"] - r["ci95"][0] for r in rr], [r["ci95"][1] - r["success_rate"] for r in rr]],
-                            marker="o", capsize=3, label=f"{t} {a}")
+        for group in sorted({(r["task"], r["policy"], r["attention"], r["steps"]) for r in rows}):
+            rr = sorted((r for r in rows if (r["task"], r["policy"], r["attention"], r["steps"]) == group), key=lambda r: r["demos"])
+            ax.errorbar([r["demos"] for r in rr], [r["success_rate"] for r in rr],
+                        yerr=[[r["success_rate"] - r["ci95"][0] for r in rr], [r["ci95"][1] - r["success_rate"] for r in rr]],
+                        marker="o", capsize=3, label="{} {} {} ({} steps)".format(*group))
         ax.set_xscale("log")
         ax.set_xlabel("demonstrations")
         ax.set_ylabel("success rate")
@@ -113,8 +117,8 @@ def run_data_efficiency(args, budget):
         return fig
 
     return write_results("data_efficiency", rows, [("task", "task"), ("policy", "policy"), ("demos", "demos"),
-                                                   ("attention", "attention"), ("success", "success [95% CI] (k/n)")],
-                         title="Data efficiency: success vs number of demonstrations", plot=plot)
+                                                   ("attention", "attention"), ("steps", "steps"), ("success", "success [95% CI] (k/n)")],
+                         title="Data efficiency: success vs number of demonstrations", plot=plot, merge_on=EFFICIENCY_KEYS)
 
 
 def run_robustness(args, budget):
@@ -144,7 +148,7 @@ def run_robustness(args, budget):
     cols = [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("clean", "clean")]
     cols += [(f"{k}_{s}", f"{k} {s}") for k in CORRUPTIONS for s in (1, 2, 3)]
 
-    def plot(plt):
+    def plot(plt, rows):
         fig, axes = plt.subplots(1, len(CORRUPTIONS), figsize=(3 * len(CORRUPTIONS), 2.8), sharey=True)
         for ax, kind in zip(axes, CORRUPTIONS):
             for r in rows:
@@ -199,7 +203,7 @@ def run_resolution(args, budget):
     sizes = sorted({s for t in args.tasks for s in EVAL_SIZES[t]})
     cols = [("task", "task"), ("policy", "policy"), ("attention", "attention")] + [(f"size{s}", f"{s} px") for s in sizes]
 
-    def plot(plt):
+    def plot(plt, rows):
         fig, ax = plt.subplots(figsize=(4.5, 3))
         for r in rows:
             xs = sorted(r["rates"])
@@ -243,7 +247,7 @@ def run_diversity(args, budget):
                          "layers": [{"diversity": l["diversity"], "mean_cka": l["mean_cka"]} for l in layers]})
             maps[(t, c.policy, c.attention)] = (attention_maps(vit, x[:1])[-1], x[0])
 
-    def plot(plt):
+    def plot(plt, rows):
         n = len(maps)
         heads = max(m.shape[0] for m, _ in maps.values())
         fig, axes = plt.subplots(n, heads + 1, figsize=(1.6 * (heads + 1), 1.7 * n), squeeze=False)
@@ -289,6 +293,8 @@ def main(argv: list[str] | None = None):
     args.tasks = args.tasks.split(",")
     common.RESULTS = Path(args.results)
     common.CELLS = common.RESULTS / "cells"
+    common.BUDGET_NAME = args.budget
+    common.COMMAND = "python -m studies " + shlex.join(sys.argv[1:] if argv is None else argv)
     budget = dict(TINY if args.budget == "tiny" else BUDGETS[args.budget])
     if args.policies:
         budget["policies"] = args.policies.split(",")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 RESULTS = Path("results")
 CELLS = RESULTS / "cells"  # checkpoints live here and stay out of git
+BUDGET_NAME = "full"  # set by the CLI; tables merge rows only within one budget
+COMMAND = ""  # the study's command line, set by the CLI
 
 # Budgets: "small" fits a 2-core CPU machine; "full" is the protocol for a GPU.
 BUDGETS = {
@@ -157,15 +159,35 @@ def fmt_rate(p: dict) -> str:
     return f"{100 * p['success_rate']:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] ({p['successes']}/{p['episodes']})"
 
 
+def merge_rows(old: list[dict], new: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """Rows of earlier runs that this run did not redo, then this run's, sorted by ``keys``."""
+    redone = {tuple(r.get(k) for k in keys) for r in new}
+    kept = [r for r in old if tuple(r.get(k) for k in keys) not in redone]
+    return sorted(kept + new, key=lambda r: tuple(str(r.get(k)) for k in keys))
+
+
 def write_results(study: str, rows: list[dict], columns: list[tuple[str, str]], *, title: str, notes: str = "",
-                  plot=None) -> Path:
-    """results/<study>/{table.md, results.json, plot.png}, each naming the command and commit."""
+                  plot=None, merge_on: tuple[str, ...] | None = None) -> Path:
+    """results/<study>/{table.md, results.json, plot.png}, each naming the command and commit.
+
+    With ``merge_on``, rows of earlier runs of the study on the same budget stay in the table unless
+    this run redid them (same values of those keys); every row keeps the command that made it.
+    """
     out = RESULTS / study
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m studies " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else " ".join(sys.argv)
+    command = COMMAND or " ".join(sys.argv)
     meta = {"study": study, "command": command, "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (out / "results.json").write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
-    lines = [f"# {title}", "", f"Command: `{command}`  ", f"Commit: `{meta['commit']}`, {meta['date']}", ""]
+    rows = [{**r, "command": command, "commit": meta["commit"]} for r in rows]
+    prev = out / "results.json"
+    if merge_on:
+        old = json.loads(prev.read_text()) if prev.exists() else {}
+        rows = merge_rows(old.get("rows", []) if old.get("budget") == BUDGET_NAME else [], rows, merge_on)
+    meta["budget"] = BUDGET_NAME
+    tmp = out / ".results.json.tmp"
+    tmp.write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
+    tmp.replace(out / "results.json")
+    commands = sorted({r["command"] for r in rows})
+    lines = [f"# {title}", "", *(f"Command: `{c}`  " for c in commands), f"Commit: `{meta['commit']}`, {meta['date']}", ""]
     if notes:
         lines += [notes, ""]
     lines.append("| " + " | ".join(h for _, h in columns) + " |")
@@ -179,7 +201,7 @@ def write_results(study: str, rows: list[dict], columns: list[tuple[str, str]], 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig = plot(plt)
+        fig = plot(plt, rows)
         fig.text(0.01, 0.005, f"{command}  @{meta['commit']}", fontsize=6, color="grey")
         fig.savefig(out / "plot.png", dpi=110, bbox_inches="tight")
         plt.close(fig)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from studies import common
 from studies.__main__ import main as studies_main
 from studies.corruptions import CORRUPTIONS, corrupt
 from studies.diversity import head_diversity, linear_cka
@@ -43,6 +44,25 @@ def test_study_cells_are_cached(tmp_path, tiny_extra):
     stamps = [(c / "checkpoints" / "last" / "model.safetensors").stat().st_mtime_ns for c in cells]
     studies_main(args)
     assert [(c / "checkpoints" / "last" / "model.safetensors").stat().st_mtime_ns for c in cells] == stamps
+
+
+def test_main_table_keeps_rows_of_earlier_runs_on_the_same_budget(tmp_path, tiny_extra):
+    base = ["main", *TINY_ARGS, "--results", str(tmp_path / "r"), *tiny_extra]
+    studies_main([*base, "--attentions", "full"])
+    out = studies_main([*base, "--attentions", "lookhere"])
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["attention"] for r in rows] == ["full", "lookhere"]
+    assert "--attentions full" in rows[0]["command"] and "--attentions lookhere" in rows[1]["command"]
+    table = (out / "table.md").read_text()
+    assert table.count("Command: `") == 2 and "| pusht | bc | full | 2 |" in table
+
+
+def test_merge_rows_replaces_redone_rows_only():
+    old = [{"task": "lift", "attention": "full", "success_rate": 0.5}, {"task": "lift", "attention": "lookhere", "success_rate": 0.9}]
+    new = [{"task": "lift", "attention": "full", "success_rate": 1.0}, {"task": "can", "attention": "full", "success_rate": 0.8}]
+    merged = common.merge_rows(old, new, ("task", "attention"))
+    assert [(r["task"], r["attention"], r["success_rate"]) for r in merged] == [
+        ("can", "full", 0.8), ("lift", "full", 1.0), ("lift", "lookhere", 0.9)]
 
 
 @pytest.mark.parametrize("kind", CORRUPTIONS)
