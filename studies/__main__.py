@@ -110,6 +110,9 @@ def run_data_efficiency(args, budget):
                         yerr=[[r["success_rate"] - r["ci95"][0] for r in rr], [r["ci95"][1] - r["success_rate"] for r in rr]],
                         marker="o", capsize=3, label="{} {} {} ({} steps)".format(*group))
         ax.set_xscale("log")
+        demos = sorted({r["demos"] for r in rows})
+        ax.set_xticks(demos, [str(d) for d in demos])
+        ax.minorticks_off()
         ax.set_xlabel("demonstrations")
         ax.set_ylabel("success rate")
         ax.set_ylim(0, 1.05)
