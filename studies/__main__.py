@@ -172,10 +172,12 @@ def fib_train_window(cell: Cell) -> int:
     """Fibottention's default window of a trained cell: N // 3 of its training patch grid."""
     from policies.checkpoint import read_checkpoint_meta
 
+    from policies.vision.masks import default_w_max
+
     vit = read_checkpoint_meta(cell.run_dir / "checkpoints" / "last")["policy_config"]["vit"]
     if vit["attention"].get("w_max") is not None:
         return int(vit["attention"]["w_max"])
-    return vit["base_grid"][0] * vit["base_grid"][1] // 3
+    return default_w_max(vit["base_grid"][0] * vit["base_grid"][1])
 
 
 def run_resolution(args, budget):
@@ -191,15 +193,17 @@ def run_resolution(args, budget):
                     variants.append((f"{a} (s_g scaled)", "slope"))
                 if a == "fibottention":
                     variants.append((f"{a} (training window)", "window"))
+                # keep each cell's training window (N // 3 of the training grid), not the larger grid's
+                windows = {c.key: fib_train_window(c) for c in group} if a == "fibottention" else {}
                 for label, variant in variants:
                     row = {"task": t, "policy": p, "attention": label, "rates": {}}
                     for size in EVAL_SIZES[t]:
                         kw = dict(eval_kwargs(args, budget), image_size=size)
                         if variant == "slope":  # the paper lowers the global slope on larger images
                             kw["global_slope"] = TRAIN_SIZE[t] / size
-                        if variant == "window":  # keep w_max = N // 3 of the training grid, not of the larger one
-                            kw["w_max"] = fib_train_window(c)
-                        res = pooled([eval_cell(c, f"size{size}{'_' + variant if variant else ''}", **kw) for c in group])
+                        name = f"size{size}{'_' + variant if variant else ''}"
+                        res = pooled([eval_cell(c, name, **kw, **({"w_max": windows[c.key]} if variant == "window" else {}))
+                                      for c in group])
                         row[f"size{size}"] = f"{100 * res['success_rate']:.0f}%"
                         row["rates"][size] = res["success_rate"]
                     rows.append(row)

@@ -52,7 +52,6 @@ def test_rollout_bad_arguments():
         rollout.main(["checkpoint=/nonexistent"])
 
 
-
 def test_rollout_attention_overrides(tiny_checkpoint, monkeypatch):
     seen = {}
     real = rollout.load_policy

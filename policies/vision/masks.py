@@ -50,6 +50,11 @@ def fibonacci_offsets(a: int, b: int, window: int) -> list[int]:
     return sorted(set(seq))
 
 
+def default_w_max(num_patches: int) -> int:
+    """Fibottention's widest head window when ``w_max`` is not given: N // 3 patch tokens."""
+    return num_patches // 3
+
+
 def fibottention_head_offsets(
     num_patches: int,
     num_heads: int,
@@ -66,7 +71,7 @@ def fibottention_head_offsets(
     """
     if num_heads < 1:
         raise ValueError(f"num_heads must be >= 1, got {num_heads}")
-    w_max = num_patches // 3 if w_max is None else w_max
+    w_max = default_w_max(num_patches) if w_max is None else w_max
     w_max = max(w_max, w_min)
     step = (w_max - w_min) / (num_heads - 1) if num_heads > 1 else 0.0
     heads = []
