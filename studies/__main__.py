@@ -27,8 +27,8 @@ from studies.corruptions import CORRUPTIONS, obs_corruptor
 TRAIN_SIZE = {"pusht": 96, "lift": 84, "can": 84}
 EVAL_SIZES = {"pusht": [96, 128], "lift": [84, 112, 128], "can": [84, 112, 128]}
 STUDIES = ("main", "data_efficiency", "robustness", "resolution", "diversity")
-MAIN_KEYS = ("task", "policy", "attention", "steps")
-EFFICIENCY_KEYS = ("task", "policy", "attention", "steps", "demos")
+MAIN_KEYS = ("task", "policy", "attention", "steps", "extra")
+EFFICIENCY_KEYS = ("task", "policy", "attention", "steps", "demos", "extra")
 
 
 def cell_extra(args, budget, task, extra=()) -> list[str]:
@@ -66,7 +66,8 @@ def run_main(args, budget):
                 group = [c for c in cells if (c.task, c.policy, c.attention) == (t, p, a)]
                 pool = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
                 secs = [train_seconds(c) for c in group]
-                rows.append({"task": t, "policy": p, "attention": a, "steps": steps_for(budget, t, p), "success": fmt_rate(pool), **pool,
+                rows.append({"task": t, "policy": p, "attention": a, "steps": steps_for(budget, t, p), "extra": " ".join(args.extra),
+                             "success": fmt_rate(pool), **pool,
                              "coverage": f"{pool['mean_max_coverage']:.3f}" if "mean_max_coverage" in pool else "",
                              "train_min": f"{np.mean([s for s in secs if s]) / 60:.1f}" if any(secs) else ""})
 
@@ -82,7 +83,7 @@ def run_main(args, budget):
         return fig
 
     return write_results("main", rows, [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("steps", "steps"),
-                                        ("success", "success [95% CI] (k/n)"), ("coverage", "mean max coverage"),
+                                        ("extra", "extra overrides"), ("success", "success [95% CI] (k/n)"), ("coverage", "mean max coverage"),
                                         ("train_min", "train minutes / seed")], merge_on=MAIN_KEYS,
                          title="Main comparison: task x policy x attention", plot=plot,
                          notes=f"Budget `{args.budget}`: seeds {budget['seeds']}, {budget['episodes']} evaluation episodes per seed "
@@ -100,7 +101,8 @@ def run_data_efficiency(args, budget):
                     train_cell(c, log=tqdm.write)
                 pool = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
                 rows.append({"task": t, "demos": n, "attention": c_att, "policy": budget["policies"][0],
-                             "steps": steps_for(budget, t, budget["policies"][0]), "success": fmt_rate(pool), **pool})
+                             "steps": steps_for(budget, t, budget["policies"][0]), "extra": " ".join(args.extra),
+                             "success": fmt_rate(pool), **pool})
 
     def plot(plt, rows):
         fig, ax = plt.subplots(figsize=(4.5, 3))
@@ -120,7 +122,8 @@ def run_data_efficiency(args, budget):
         return fig
 
     return write_results("data_efficiency", rows, [("task", "task"), ("policy", "policy"), ("demos", "demos"),
-                                                   ("attention", "attention"), ("steps", "steps"), ("success", "success [95% CI] (k/n)")],
+                                                   ("attention", "attention"), ("steps", "steps"), ("extra", "extra overrides"),
+                                                   ("success", "success [95% CI] (k/n)")],
                          title="Data efficiency: success vs number of demonstrations", plot=plot, merge_on=EFFICIENCY_KEYS)
 
 

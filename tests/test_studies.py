@@ -65,6 +65,14 @@ def test_merge_rows_replaces_redone_rows_only():
         ("can", "full", 0.8), ("lift", "full", 1.0), ("lift", "lookhere", 0.9)]
 
 
+def test_merge_rows_keeps_other_recipes_and_reads_a_missing_key_as_empty():
+    old = [{"task": "lift", "steps": 4000, "success_rate": 0.4},  # written before rows had "extra"
+           {"task": "lift", "steps": 4000, "extra": "policy.prediction_type=sample", "success_rate": 0.9}]
+    new = [{"task": "lift", "steps": 4000, "extra": "", "success_rate": 0.5}]
+    merged = common.merge_rows(old, new, ("task", "steps", "extra"))
+    assert [(r.get("extra", ""), r["success_rate"]) for r in merged] == [("", 0.5), ("policy.prediction_type=sample", 0.9)]
+
+
 @pytest.mark.parametrize("kind", CORRUPTIONS)
 def test_corruption_severity_zero_is_identity_and_higher_changes_more(kind):
     img = np.random.default_rng(0).integers(0, 256, (20, 24, 3)).astype(np.uint8)
