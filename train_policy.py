@@ -97,10 +97,12 @@ class TrainResult:
     checkpoint: Path | None  # run_dir/checkpoints/last (None on ranks > 0)
     policy: Policy
     step: int
+    train_seconds: float  # wall time of this run plus that of the runs it resumed
 
 
 def train(cfg: dict) -> TrainResult:
     """Train from a resolved config dict."""
+    t_start = time.perf_counter()
     from diffusers.optimization import get_scheduler
     from diffusers.training_utils import EMAModel
     from torch.utils.tensorboard import SummaryWriter
@@ -157,8 +159,10 @@ def train(cfg: dict) -> TrainResult:
     ema = EMAModel(policy.parameters(), decay=tcfg["ema_max_decay"], use_ema_warmup=True, power=tcfg["ema_power"]) if tcfg["ema"] else None
 
     step = 0
+    seconds_before = 0.0  # wall time of the runs this one resumes; checkpoints carry the running total
     if cfg["resume"]:
         state = load_training_state(ckpt_dir / "last")
+        seconds_before = float(state.get("train_seconds", 0.0))
         policy.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         for group in optimizer.param_groups:  # a resumed run may have a different process count
@@ -204,6 +208,7 @@ def train(cfg: dict) -> TrainResult:
             "rng": rng_state(),
             "step": step,
             "world_size": ddp.world_size,
+            "train_seconds": seconds_before + time.perf_counter() - t_start,
         }
         weights = eval_weights()
         save_checkpoint(ckpt_dir / tag, policy, cfg, training_state, weights)
@@ -268,7 +273,7 @@ def train(cfg: dict) -> TrainResult:
     if writer is not None:
         writer.close()
         print(f"last checkpoint: {last}")
-    return TrainResult(last if ddp.is_main else None, policy, step)
+    return TrainResult(last if ddp.is_main else None, policy, step, seconds_before + time.perf_counter() - t_start)
 
 
 @torch.no_grad()

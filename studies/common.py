@@ -81,9 +81,12 @@ class Cell:
 
     def overrides(self) -> list[str]:
         att = self.attention.split(":")  # "lookhere:45" selects a LookHere variant
+        every = max(1, self.steps // 4)
+        if every > 2500:  # a long cell checkpoints every 2000 steps, so an interruption loses little
+            every = 2000
         ovr = [f"task={self.task}", f"policy={self.policy}", f"attention={att[0]}", f"seed={self.seed}",
                f"train.steps={self.steps}", f"train.batch_size={self.batch_size}",
-               f"train.checkpoint_every={max(1, self.steps // 4)}", f"train.val_every={max(1, self.steps // 10)}",
+               f"train.checkpoint_every={every}", f"train.val_every={max(1, self.steps // 10)}",
                "eval.num_episodes=0"]
         if len(att) > 1:
             ovr.append(f"attention.variant={att[1]}")
@@ -106,18 +109,18 @@ def train_cell(cell: Cell, log=print) -> Path:
     from train_policy import train
 
     last = cell.run_dir / "checkpoints" / "last"
-    resume = False
+    resume, timed = False, True
     if (last / "training_state.json").exists():
-        step = int(load_training_state(last)["step"])
-        if step >= cell.steps:
+        state = load_training_state(last)
+        if int(state["step"]) >= cell.steps:
             return last
         resume = True
-        log(f"resuming {cell.key} at step {step}")
+        timed = "train_seconds" in state  # checkpoints older than the running total give a partial time
+        log(f"resuming {cell.key} at step {state['step']}")
     cfg = compose_config(cell.overrides() + [f"run_dir={cell.run_dir}", f"resume={str(resume).lower()}"])
-    t0 = time.perf_counter()
     result = train(cfg)
-    info = {"train_seconds": time.perf_counter() - t0, "overrides": cell.overrides()}
-    if not resume:  # training time of a resumed run is partial; keep the first complete measurement
+    if timed:  # wall time summed over the interrupted run and its resumptions
+        info = {"train_seconds": result.train_seconds, "overrides": cell.overrides(), "resumed": resume}
         (cell.run_dir / "train_info.json").write_text(json.dumps(info, indent=2))
     return result.checkpoint
 

@@ -68,12 +68,15 @@ def test_resume_continues_the_step_count(tmp_path, tiny_pusht_zarr):
     train(cfg)
     first = load_training_state(tmp_path / "run" / "checkpoints" / "last")
     assert first["step"] == 2
+    assert first["train_seconds"] > 0
     with pytest.raises(FileExistsError, match="resume=true"):
         train(cfg)
     cfg2 = tiny_train_cfg(tmp_path, tiny_pusht_zarr, extra=["resume=true", "train.steps=4"])
-    train(cfg2)
+    result = train(cfg2)
     state = load_training_state(tmp_path / "run" / "checkpoints" / "last")
     assert state["step"] == 4
+    # the wall-time total carries over a resume
+    assert state["train_seconds"] > first["train_seconds"] and result.train_seconds >= state["train_seconds"]
     assert state["scheduler"]["last_epoch"] == 4
     assert state["optimizer"]["state"][0]["step"].item() == 4
     assert (tmp_path / "run" / "checkpoints" / "step_0000002").is_dir()
