@@ -194,8 +194,8 @@ def _write_video(path: Path, frames: list, fps: int) -> None:
 
 def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,
                         out_dir=None, device="cpu", num_videos: int = 3, image_size=None, obs_transform=None,
-                        max_steps=None, global_slope=None, w_max=None, num_inference_steps=None, n_action_steps=None,
-                        progress=True) -> dict:
+                        max_steps=None, global_slope=None, w_max=None, offset_grid=None, num_inference_steps=None,
+                        n_action_steps=None, progress=True) -> dict:
     ckpt = resolve_checkpoint(checkpoint)
     meta = read_checkpoint_meta(ckpt)
     overrides = {}
@@ -204,14 +204,20 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
     if n_action_steps is not None:  # Ta only acts at inference: replan more or less often without retraining
         overrides["n_action_steps"] = n_action_steps
     # Attention settings that only act on the masks, so they can change at inference on larger images:
-    # LookHere's global slope (the paper lowers it), Fibottention's window (N // 3 grows with N).
-    attn = meta["policy_config"]["vit"]["attention"]
-    attn_over = {k: v for k, v in (("global_slope", global_slope), ("w_max", w_max)) if v is not None}
-    for key, kind in (("global_slope", "lookhere"), ("w_max", "fibottention")):
+    # LookHere's global slope (the paper lowers it), Fibottention's window (N // 3 grows with N) and
+    # offset grid ("train": keep the 2-D displacements its 1-D offsets had on the training grid).
+    vit = meta["policy_config"]["vit"]
+    attn = vit["attention"]
+    if isinstance(offset_grid, str):
+        if offset_grid != "train":
+            raise ValueError(f"offset_grid={offset_grid!r}: give 'train' or [rows, cols]")
+        offset_grid = list(vit["base_grid"])
+    attn_over = {k: v for k, v in (("global_slope", global_slope), ("w_max", w_max), ("offset_grid", offset_grid)) if v is not None}
+    for key, kind in (("global_slope", "lookhere"), ("w_max", "fibottention"), ("offset_grid", "fibottention")):
         if key in attn_over and attn["kind"] != kind:
             raise ValueError(f"{key}= applies to {kind} attention, but this checkpoint uses {attn['kind']!r}; drop {key}=")
     if attn_over:
-        overrides["vit"] = {**meta["policy_config"]["vit"], "attention": {**attn, **attn_over}}
+        overrides["vit"] = {**vit, "attention": {**attn, **attn_over}}
     policy = load_policy(ckpt, device=device, **overrides)
     task_cfg = meta["cfg"]["task"]
     summary = evaluate(policy, task_cfg, num_episodes=num_episodes, seed=seed, workers=workers, image_size=image_size,
@@ -242,12 +248,12 @@ def format_summary(s: dict) -> str:
     return line
 
 
-USAGE = "usage: python rollout.py checkpoint=PATH [num_episodes=50] [seed=100000] [workers=0] [out_dir=DIR] [device=auto] [num_videos=3] [image_size=N] [max_steps=N] [global_slope=X] [w_max=N] [num_inference_steps=N] [n_action_steps=N]"
+USAGE = "usage: python rollout.py checkpoint=PATH [num_episodes=50] [seed=100000] [workers=0] [out_dir=DIR] [device=auto] [num_videos=3] [image_size=N] [max_steps=N] [global_slope=X] [w_max=N] [offset_grid=train|[R,C]] [num_inference_steps=N] [n_action_steps=N]"
 
 
 DEFAULTS = {"checkpoint": None, "num_episodes": 50, "seed": EVAL_SEED_START, "workers": 0, "out_dir": None,
             "device": "auto", "num_videos": 3, "image_size": None, "max_steps": None, "global_slope": None,
-            "w_max": None, "num_inference_steps": None, "n_action_steps": None}
+            "w_max": None, "offset_grid": None, "num_inference_steps": None, "n_action_steps": None}
 
 
 def parse_overrides(argv: list[str]) -> dict:
@@ -268,7 +274,8 @@ def main(argv: list[str] | None = None) -> dict:
     summary = evaluate_checkpoint(ckpt, num_episodes=args["num_episodes"], seed=args["seed"], workers=args["workers"],
                                   out_dir=out_dir, device=pick_device(args["device"]), num_videos=args["num_videos"],
                                   image_size=args["image_size"], max_steps=args["max_steps"],
-                                  global_slope=args["global_slope"], w_max=args["w_max"], num_inference_steps=args["num_inference_steps"],
+                                  global_slope=args["global_slope"], w_max=args["w_max"], offset_grid=args["offset_grid"],
+                                  num_inference_steps=args["num_inference_steps"],
                                   n_action_steps=args["n_action_steps"])
     print(format_summary(summary))
     print(f"summary: {out_dir / 'summary.json'}" + (f"  videos: {out_dir / 'videos'}" if args["num_videos"] else ""))

@@ -196,6 +196,8 @@ def run_resolution(args, budget):
                     variants.append((f"{a} (s_g scaled)", "slope"))
                 if a == "fibottention":
                     variants.append((f"{a} (training window)", "window"))
+                    # the 1-D offsets' 2-D meaning on the training grid, kept on the larger grid
+                    variants.append((f"{a} (training-grid 2-D offsets)", "grid2d"))
                 # keep each cell's training window (N // 3 of the training grid), not the larger grid's
                 windows = {c.key: fib_train_window(c) for c in group} if a == "fibottention" else {}
                 for label, variant in variants:
@@ -204,6 +206,8 @@ def run_resolution(args, budget):
                         kw = dict(eval_kwargs(args, budget), image_size=size)
                         if variant == "slope":  # the paper lowers the global slope on larger images
                             kw["global_slope"] = TRAIN_SIZE[t] / size
+                        if variant == "grid2d":
+                            kw["offset_grid"] = "train"
                         name = f"size{size}{'_' + variant if variant else ''}"
                         res = pooled([eval_cell(c, name, **kw, **({"w_max": windows[c.key]} if variant == "window" else {}))
                                       for c in group])

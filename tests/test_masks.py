@@ -74,6 +74,39 @@ def test_fibottention_dense_bias_matches_offsets_and_is_minus_inf():
     assert 0.015 < frac < 0.025
 
 
+def _displacements(bias_patch: torch.Tensor, grid, query: tuple[int, int]) -> set[tuple[int, int]]:
+    """2-D (dy, dx) from one query patch to every key it may attend to."""
+    qy, qx = query
+    row = bias_patch[qy * grid[1] + qx]
+    return {(int(k) // grid[1] - qy, int(k) % grid[1] - qx) for k in torch.nonzero(row == 0).flatten()}
+
+
+def test_fibottention_offset_grid_keeps_the_training_grids_2d_displacements():
+    train, big = (10, 10), (14, 14)
+    plain = FibottentionPattern(4, layer=1)
+    remap = FibottentionPattern(4, layer=1, offset_grid=train)
+    # on its own grid the remapped pattern is the 1-D pattern, entry for entry
+    assert torch.equal(remap.dense_bias(train, 1), plain.dense_bias(train, 1))
+    assert remap.offsets(big) == plain.offsets(train)  # the training window, not N // 3 of the big grid
+    b_train, b_big, b_plain = (p.dense_bias(g, 0) for p, g in ((plain, train), (remap, big), (plain, big)))
+    for h in range(4):
+        seen = set().union(*(_displacements(b_train[h], train, (y, x)) for y in range(10) for x in range(10)))
+        assert len(seen) > 1
+        # a query on the larger grid reaches exactly the displacements the head had in training ...
+        in_bounds = {(dy, dx) for dy, dx in seen if 0 <= 7 + dy < 14 and 0 <= 7 + dx < 14}
+        assert _displacements(b_big[h], big, (7, 7)) == in_bounds
+    # ... whereas 1-D offsets on a 14-wide grid mean other neighbours (offset 10 is no longer "one row down")
+    assert any(_displacements(b_plain[h], big, (7, 7)) != _displacements(b_train[h], train, (5, 5)) for h in range(4))
+
+
+def test_attention_config_checks_offset_grid():
+    from policies.vision.attention import AttentionConfig
+
+    with pytest.raises(ValueError, match="attention.offset_grid must be"):
+        AttentionConfig(kind="fibottention", offset_grid=[10])
+    assert AttentionConfig(kind="fibottention", offset_grid=[10, 10]).pattern(4, 0, 3).offset_grid == (10, 10)
+
+
 def test_fibottention_shuffle_is_a_deterministic_per_layer_permutation():
     grid = (14, 14)
     base = FibottentionPattern(12, shuffle=False).offsets(grid)

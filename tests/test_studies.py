@@ -37,6 +37,16 @@ def test_study_runs_end_to_end_and_writes_its_table(study, tmp_path, tiny_extra)
         assert all(0.0 <= float(r["diversity"]) <= 1.0 for r in data["rows"])
 
 
+def test_resolution_study_evaluates_fibottentions_variants(tmp_path, tiny_extra):
+    out = studies_main(["resolution", *TINY_ARGS, "--attentions", "fibottention", "--results", str(tmp_path / "r"), *tiny_extra])
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["attention"] for r in rows] == ["fibottention", "fibottention (training window)",
+                                              "fibottention (training-grid 2-D offsets)"]
+    cell = next((tmp_path / "r" / "cells").iterdir())
+    grid2d = json.loads((cell / "evals" / "size128_grid2d.json").read_text())
+    assert grid2d["image_size"] == 128 and len(grid2d["attention_overrides"]["offset_grid"]) == 2
+
+
 def test_study_cells_are_cached(tmp_path, tiny_extra):
     args = ["main", *TINY_ARGS, "--results", str(tmp_path / "r"), *tiny_extra]
     studies_main(args)

@@ -30,6 +30,7 @@ class AttentionConfig:
     w_min: int = 5
     w_max: int | None = None  # None: N // 3
     shuffle: bool = True
+    offset_grid: list[int] | None = None  # (rows, cols) whose 2-D displacements the offsets keep; None: 1-D
     # LookHere
     variant: str = "90"  # 180 | 90 | 45 (field of view in degrees)
     global_slope: float = 1.0
@@ -52,6 +53,10 @@ class AttentionConfig:
             raise ValueError(f"attention.w_min must be >= 0, got {self.w_min}")
         if self.w_max is not None and self.w_max < self.w_min:
             raise ValueError(f"attention.w_max ({self.w_max}) must be >= attention.w_min ({self.w_min})")
+        if self.offset_grid is not None:
+            if len(self.offset_grid) != 2 or min(self.offset_grid) < 1:
+                raise ValueError(f"attention.offset_grid must be [rows, cols] of positive ints, got {self.offset_grid}")
+            self.offset_grid = [int(v) for v in self.offset_grid]
         if self.global_slope < 0:
             raise ValueError(f"attention.global_slope must be >= 0, got {self.global_slope}")
         if not 0 <= self.undirected_fraction < 1:
@@ -60,7 +65,8 @@ class AttentionConfig:
     def pattern(self, num_heads: int, layer: int, depth: int):
         """The frozen, hashable pattern of one layer (its dense bias is cached by value)."""
         if self.kind == "fibottention":
-            opts = dict(modified=self.modified, w_min=self.w_min, w_max=self.w_max, shuffle=self.shuffle)
+            opts = dict(modified=self.modified, w_min=self.w_min, w_max=self.w_max, shuffle=self.shuffle,
+                        offset_grid=tuple(self.offset_grid) if self.offset_grid else None)
         elif self.kind == "lookhere":
             opts = dict(
                 variant=self.variant,
@@ -90,7 +96,9 @@ def naive_attention(q, k, v, bias=None):
 def attend(q, k, v, pattern, grid: tuple[int, int], num_prefix: int, impl: str = "dense", dropout_p: float = 0.0):
     """q, k, v: (B, heads, N, head_dim) -> (B, heads, N, head_dim)."""
     # the sparse paths have no attention dropout: with dropout on, the dense path is exact
-    if (impl == "auto" or impl == "sparse") and dropout_p == 0.0:
+    # the sparse kernels walk 1-D offsets; 2-D displacements from another grid exist only as a dense bias
+    remapped = getattr(pattern, "offset_grid", None) not in (None, tuple(grid))
+    if (impl == "auto" or impl == "sparse") and dropout_p == 0.0 and not remapped:
         from . import sparse
 
         if impl == "auto":

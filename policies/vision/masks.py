@@ -213,11 +213,16 @@ class FibottentionPattern:
     w_min: int = 5
     w_max: int | None = None
     shuffle: bool = True
+    # None: offsets are distances along the flattened patch sequence of whatever grid comes in.
+    # (rows, cols): keep the 2-D displacements those 1-D offsets mean on this grid (the training
+    # grid) when the grid changes, since offset 10 is "one row down" only on a 10-wide grid.
+    offset_grid: tuple[int, int] | None = None
     kind: str = "fibottention"
     uses_pos_embed: bool = True
 
     def offsets(self, grid: tuple[int, int]) -> list[list[int]]:
         """Per-head offsets in head order (after this layer's shuffle)."""
+        grid = self.offset_grid or grid
         rows = fibottention_head_offsets(
             grid[0] * grid[1], self.num_heads, modified=self.modified, w_min=self.w_min, w_max=self.w_max
         )
@@ -227,13 +232,32 @@ class FibottentionPattern:
 
     def dense_bias(self, grid, num_prefix, device=None):
         p = grid[0] * grid[1]
-        idx = torch.arange(p, device=device)
-        dist = (idx[None, :] - idx[:, None]).abs()  # (P, P)
         patch = torch.full((self.num_heads, p, p), -math.inf, device=device)
-        for h, offs in enumerate(self.offsets(grid)):
-            allowed = torch.isin(dist, torch.tensor(offs, device=device))
-            patch[h].masked_fill_(allowed, 0.0)
+        if self.offset_grid is None or tuple(self.offset_grid) == tuple(grid):
+            idx = torch.arange(p, device=device)
+            dist = (idx[None, :] - idx[:, None]).abs()  # (P, P)
+            for h, offs in enumerate(self.offsets(grid)):
+                patch[h].masked_fill_(torch.isin(dist, torch.tensor(offs, device=device)), 0.0)
+        else:
+            # every (dy, dx) that a head's offsets produce on the offset grid, allowed on this grid
+            span = (max(grid[0], self.offset_grid[0]), max(grid[1], self.offset_grid[1]))
+            code = _displacement_code(grid, span, device)  # (P, P)
+            ref = _displacement_code(self.offset_grid, span, device)  # (P0, P0)
+            i0 = torch.arange(ref.shape[0], device=device)
+            dist0 = (i0[None, :] - i0[:, None]).abs()  # (P0, P0)
+            for h, offs in enumerate(self.offsets(grid)):
+                seen = ref[torch.isin(dist0, torch.tensor(offs, device=device))].unique()
+                patch[h].masked_fill_(torch.isin(code, seen), 0.0)
         return _embed_patch_bias(_ensure_visible(patch, num_prefix), num_prefix)
+
+
+def _displacement_code(grid: tuple[int, int], span: tuple[int, int], device=None) -> torch.Tensor:
+    """(P, P) integer id of each query-to-key displacement (dy, dx) on ``grid``, unique for
+    |dy| < span[0] and |dx| < span[1], so ids from two grids within the span compare."""
+    xs, ys = (c.long() for c in patch_coords(grid, device))  # (P,), (P,)
+    dy = ys[None, :] - ys[:, None] + span[0]  # (P, P), in (0, 2 * span[0])
+    dx = xs[None, :] - xs[:, None] + span[1]  # (P, P), in (0, 2 * span[1])
+    return dy * (2 * span[1] + 1) + dx
 
 
 @dataclass(frozen=True)
