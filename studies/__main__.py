@@ -174,7 +174,6 @@ def run_robustness(args, budget):
 def fib_train_window(cell: Cell) -> int:
     """Fibottention's default window of a trained cell: N // 3 of its training patch grid."""
     from policies.checkpoint import read_checkpoint_meta
-
     from policies.vision.masks import default_w_max
 
     vit = read_checkpoint_meta(cell.run_dir / "checkpoints" / "last")["policy_config"]["vit"]

@@ -82,7 +82,9 @@ class Cell:
     def overrides(self) -> list[str]:
         att = self.attention.split(":")  # "lookhere:45" selects a LookHere variant
         every = max(1, self.steps // 4)
-        if every > 2500:  # a long cell checkpoints every 2000 steps, so an interruption loses little
+        # a long cell checkpoints every 2000 steps, so an interruption loses little; the 2500 threshold
+        # leaves the overrides (and so the cache keys) of the existing <= 10000-step cells unchanged
+        if every > 2500:
             every = 2000
         ovr = [f"task={self.task}", f"policy={self.policy}", f"attention={att[0]}", f"seed={self.seed}",
                f"train.steps={self.steps}", f"train.batch_size={self.batch_size}",

@@ -233,21 +233,19 @@ class FibottentionPattern:
     def dense_bias(self, grid, num_prefix, device=None):
         p = grid[0] * grid[1]
         patch = torch.full((self.num_heads, p, p), -math.inf, device=device)
-        if self.offset_grid is None or tuple(self.offset_grid) == tuple(grid):
-            idx = torch.arange(p, device=device)
-            dist = (idx[None, :] - idx[:, None]).abs()  # (P, P)
-            for h, offs in enumerate(self.offsets(grid)):
-                patch[h].masked_fill_(torch.isin(dist, torch.tensor(offs, device=device)), 0.0)
-        else:
-            # every (dy, dx) that a head's offsets produce on the offset grid, allowed on this grid
-            span = (max(grid[0], self.offset_grid[0]), max(grid[1], self.offset_grid[1]))
+        ref_grid = tuple(self.offset_grid or grid)  # the grid on which the 1-D offsets are read
+        i0 = torch.arange(ref_grid[0] * ref_grid[1], device=device)
+        dist0 = (i0[None, :] - i0[:, None]).abs()  # (P0, P0)
+        remap = ref_grid != tuple(grid)
+        if remap:  # every (dy, dx) a head's offsets produce on the offset grid is allowed on this grid
+            span = (max(grid[0], ref_grid[0]), max(grid[1], ref_grid[1]))
             code = _displacement_code(grid, span, device)  # (P, P)
-            ref = _displacement_code(self.offset_grid, span, device)  # (P0, P0)
-            i0 = torch.arange(ref.shape[0], device=device)
-            dist0 = (i0[None, :] - i0[:, None]).abs()  # (P0, P0)
-            for h, offs in enumerate(self.offsets(grid)):
-                seen = ref[torch.isin(dist0, torch.tensor(offs, device=device))].unique()
-                patch[h].masked_fill_(torch.isin(code, seen), 0.0)
+            ref = _displacement_code(ref_grid, span, device)  # (P0, P0)
+        for h, offs in enumerate(self.offsets(grid)):
+            allowed = torch.isin(dist0, torch.tensor(offs, device=device))  # (P0, P0)
+            if remap:
+                allowed = torch.isin(code, ref[allowed].unique())  # (P, P)
+            patch[h].masked_fill_(allowed, 0.0)
         return _embed_patch_bias(_ensure_visible(patch, num_prefix), num_prefix)
 
 
