@@ -192,6 +192,10 @@ def _write_video(path: Path, frames: list, fps: int) -> None:
     imageio.mimsave(str(path), frames, fps=fps, macro_block_size=1)
 
 
+class OverrideError(ValueError):
+    """A rollout override that does not fit the checkpoint: the CLI prints it as one line."""
+
+
 def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,
                         out_dir=None, device="cpu", num_videos: int = 3, image_size=None, obs_transform=None,
                         max_steps=None, global_slope=None, w_max=None, offset_grid=None, num_inference_steps=None,
@@ -210,12 +214,12 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
     attn = vit["attention"]
     if isinstance(offset_grid, str):
         if offset_grid != "train":
-            raise ValueError(f"offset_grid={offset_grid!r}: give 'train' or [rows, cols]")
+            raise OverrideError(f"offset_grid={offset_grid!r}: give 'train' or [rows, cols]")
         offset_grid = list(vit["base_grid"])
     attn_over = {k: v for k, v in (("global_slope", global_slope), ("w_max", w_max), ("offset_grid", offset_grid)) if v is not None}
     for key, kind in (("global_slope", "lookhere"), ("w_max", "fibottention"), ("offset_grid", "fibottention")):
         if key in attn_over and attn["kind"] != kind:
-            raise ValueError(f"{key}= applies to {kind} attention, but this checkpoint uses {attn['kind']!r}; drop {key}=")
+            raise OverrideError(f"{key}= applies to {kind} attention, but this checkpoint uses {attn['kind']!r}; drop {key}=")
     if attn_over:
         overrides["vit"] = {**vit, "attention": {**attn, **attn_over}}
     policy = load_policy(ckpt, device=device, **overrides)
@@ -283,4 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (OverrideError, FileNotFoundError) as e:  # user input errors: the message names the fix
+        raise SystemExit(f"rollout.py: {e}") from None

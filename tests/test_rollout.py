@@ -2,6 +2,10 @@
 import json
 import math
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import rollout
@@ -73,7 +77,17 @@ def test_rollout_attention_overrides(tiny_checkpoint, monkeypatch):
     assert s["attention_overrides"] == {"offset_grid": list(train_grid)}
     patterns = [m.pattern for m in seen["policy"].modules() if hasattr(m, "pattern") and hasattr(m, "qkv")]
     assert patterns and all(p.offset_grid == tuple(train_grid) for p in patterns)
-    with pytest.raises(ValueError, match="offset_grid='first': give 'train'"):
+    with pytest.raises(rollout.OverrideError, match="offset_grid='first': give 'train'"):
         rollout.evaluate_checkpoint(tiny_checkpoint, num_episodes=1, max_steps=2, num_videos=0, offset_grid="first", progress=False)
-    with pytest.raises(ValueError, match="global_slope= applies to lookhere attention.*'fibottention'"):
+    with pytest.raises(rollout.OverrideError, match="global_slope= applies to lookhere attention.*'fibottention'"):
         rollout.evaluate_checkpoint(tiny_checkpoint, num_episodes=1, max_steps=2, num_videos=0, global_slope=0.5, progress=False)
+
+
+def test_rollout_cli_override_error_is_one_line(tiny_checkpoint):
+    """A user mistake ends with the message that names the fix, not a Python traceback."""
+    root = Path(rollout.__file__).parent
+    proc = subprocess.run([sys.executable, "rollout.py", f"checkpoint={tiny_checkpoint}", "global_slope=0.5"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("rollout.py: global_slope= applies to lookhere attention")

@@ -133,3 +133,48 @@ def test_sincos_position_embedding_interpolates_any_grid():
     vit = _vit(dict(kind="fibottention"), pos="sincos")
     assert vit.pos_embed is None
     assert torch.isfinite(vit(torch.rand(1, 3, 64, 88))).all()
+
+
+def test_spatial_softmax_reads_the_peak_patch_coordinates():
+    """A keypoint that fires on one patch reads that patch's normalised (x, y), on any grid."""
+    torch.manual_seed(0)
+    vit = ViT(ViTConfig(dim=48, num_heads=4, pool="spatial_softmax", num_keypoints=2,
+                        attention=AttentionConfig(kind="lookhere")))
+    with torch.no_grad():
+        vit.keypoints.weight.zero_()
+        vit.keypoints.bias.zero_()
+        vit.keypoints.weight[0, 0] = 100.0  # keypoint 0 follows feature 0
+        vit.keypoints.weight[1, 1] = 100.0  # keypoint 1 follows feature 1
+    for grid in [(9, 9), (5, 7)]:
+        patches = torch.zeros(1, grid[0] * grid[1], 48)
+        patches[0, 2 * grid[1] + 3, 0] = 1.0  # row 2, column 3
+        patches[0, (grid[0] - 1) * grid[1], 1] = 1.0  # bottom-left corner
+        kp = vit.spatial_softmax(patches, grid)
+        expect = torch.tensor([[-1 + 2 * 3 / (grid[1] - 1), -1 + 2 * 2 / (grid[0] - 1), -1.0, 1.0]])
+        torch.testing.assert_close(kp, expect, atol=1e-4, rtol=0)
+
+
+def test_spatial_softmax_gives_lookhere_absolute_position():
+    """Without a position embedding the CLS read-out barely tells where an object is; the
+    keypoint read-out moves with it: shifting a bright square right raises keypoint x."""
+    torch.manual_seed(0)
+    vit = ViT(ViTConfig(dim=48, num_heads=4, depth=2, pool="spatial_softmax", num_keypoints=8,
+                        attention=AttentionConfig(kind="lookhere"))).eval()
+    with torch.no_grad():
+        vit.log_temperature.fill_(-3.0)  # sharp keypoints
+    img = torch.zeros(1, 3, 72, 72)
+    img[..., 32:40, 8:16] = 1.0
+    shifted = torch.roll(img, shifts=40, dims=-1)
+    with torch.no_grad():
+        t0, grid = vit.forward_tokens(img)
+        t1, _ = vit.forward_tokens(shifted)
+        x0 = vit.spatial_softmax(t0[:, 1:], grid)[0, 0::2]
+        x1 = vit.spatial_softmax(t1[:, 1:], grid)[0, 0::2]
+    assert (x1 - x0).mean() > 0.2
+
+
+def test_spatial_softmax_config_is_checked():
+    with pytest.raises(ValueError, match="vit.num_keypoints must be >= 1"):
+        ViTConfig(pool="spatial_softmax", num_keypoints=0)
+    with pytest.raises(ValueError, match="vit.pool='max' is unknown"):
+        ViTConfig(pool="max")

@@ -15,7 +15,7 @@ from torch import nn
 from .attention import Attention, AttentionConfig
 
 POS_EMBEDS = ("learned", "sincos", "none")
-POOLS = ("cls", "mean")
+POOLS = ("cls", "mean", "spatial_softmax")
 
 
 @dataclass
@@ -26,7 +26,8 @@ class ViTConfig:
     num_heads: int = 4
     mlp_ratio: float = 2.0
     use_cls: bool = True
-    pool: str = "cls"  # cls | mean
+    pool: str = "cls"  # cls | mean | spatial_softmax (cls/mean token + keypoint coordinates)
+    num_keypoints: int = 32  # spatial_softmax only: keypoints read out of the patch tokens
     pos_embed: str = "learned"  # learned | sincos | none (LookHere never adds one)
     base_grid: tuple[int, int] = (9, 9)  # grid the learned position embedding is created for
     out_dim: int = 64  # feature size handed to the policy
@@ -36,7 +37,7 @@ class ViTConfig:
         if isinstance(self.attention, dict):
             self.attention = AttentionConfig(**self.attention)
         self.base_grid = tuple(self.base_grid)
-        for name in ("patch_size", "dim", "depth", "num_heads", "out_dim"):
+        for name in ("patch_size", "dim", "depth", "num_heads", "out_dim", "num_keypoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"vit.{name} must be >= 1, got {getattr(self, name)}")
         if self.dim % self.num_heads:
@@ -96,7 +97,18 @@ class ViT(nn.Module):
             self.pos_embed = None
         self.blocks = nn.ModuleList(Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, p, att.impl) for p in patterns)
         self.norm = nn.LayerNorm(cfg.dim)
-        self.head = nn.Linear(cfg.dim, cfg.out_dim)
+        if cfg.pool == "spatial_softmax":
+            # robomimic's SpatialSoftmax read-out on patch tokens: each keypoint is a softmax over
+            # the grid, reduced to its expected (x, y). It hands the policy absolute positions,
+            # which a translation-equivariant encoder (LookHere, no position embedding) otherwise
+            # keeps only through border effects; coordinates are normalised, so any grid works.
+            self.keypoints = nn.Linear(cfg.dim, cfg.num_keypoints)
+            self.log_temperature = nn.Parameter(torch.zeros(()))
+            head_in = cfg.dim + 2 * cfg.num_keypoints
+        else:
+            self.keypoints = None
+            head_in = cfg.dim
+        self.head = nn.Linear(head_in, cfg.out_dim)
         self._init_weights()
 
     def _init_weights(self):
@@ -136,6 +148,20 @@ class ViT(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) in [0, 1] -> features (B, out_dim)."""
-        tokens, _ = self.forward_tokens(images)
-        pooled = tokens[:, 0] if self.cfg.pool == "cls" else tokens[:, self.num_prefix :].mean(dim=1)
+        tokens, grid = self.forward_tokens(images)
+        patches = tokens[:, self.num_prefix :]  # (B, P, dim)
+        pooled = tokens[:, 0] if self.cfg.use_cls and self.cfg.pool != "mean" else patches.mean(dim=1)
+        if self.keypoints is not None:
+            pooled = torch.cat([pooled, self.spatial_softmax(patches, grid)], dim=-1)  # (B, dim + 2K)
         return self.head(pooled)
+
+    def spatial_softmax(self, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """patches (B, P, dim) -> expected keypoint coordinates in [-1, 1], (B, 2K) as x0, y0, x1, ..."""
+        logits = self.keypoints(patches) / self.log_temperature.exp()  # (B, P, K)
+        attn = logits.softmax(dim=1)  # (B, P, K): one distribution over the grid per keypoint
+        ys = torch.linspace(-1.0, 1.0, grid[0], device=patches.device, dtype=patches.dtype)
+        xs = torch.linspace(-1.0, 1.0, grid[1], device=patches.device, dtype=patches.dtype)
+        yy, xx = torch.meshgrid(ys, xs, indexing="ij")
+        coords = torch.stack([xx.reshape(-1), yy.reshape(-1)], dim=-1)  # (P, 2) in raster order
+        kp = torch.einsum("bpk,pc->bkc", attn, coords)  # (B, K, 2)
+        return kp.flatten(1)  # (B, 2K)
