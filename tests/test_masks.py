@@ -169,6 +169,25 @@ def test_lookhere_head_plan_for_any_head_count():
     assert [d for d, _ in lookhere_head_plan(3, "180")] == ["up", "down", None]
 
 
+@pytest.mark.parametrize("variant", ["180", "90", "45"])
+def test_lookhere_rotated_directions_cover_all_eight_across_layers(variant):
+    names = set(masks.LOOKHERE_DIRECTIONS[variant])
+    plans = [LookHerePattern(4, layer=l, depth=3, variant=variant, rotate_directions=r).plan()
+             for r in (False, True) for l in range(3)]
+    fixed, rotated = plans[:3], plans[3:]
+    # without rotation a 4-head ViT has 3 directed heads looking the same 3 ways in every layer
+    assert {d for p in fixed for d, _ in p if d} == set(list(masks.LOOKHERE_DIRECTIONS[variant])[:3])
+    assert {d for p in rotated for d, _ in p if d} == names
+    assert rotated[0] == fixed[0]  # layer 0 is unchanged, and so is every undirected head
+    assert [h for h in rotated[1] if h[0] is None] == [(None, 0.5)]
+    from policies.vision.attention import AttentionConfig  # the config group reaches the pattern
+
+    assert AttentionConfig(kind="lookhere", variant=variant, rotate_directions=True).pattern(4, 1, 3).plan() == rotated[1]
+    # 8 directed heads already cover every direction in each layer: rotation changes nothing
+    assert all(LookHerePattern(12, layer=l, depth=4, variant=variant, rotate_directions=True).plan()
+               == LookHerePattern(12, layer=l, depth=4, variant=variant).plan() for l in range(4))
+
+
 @pytest.mark.parametrize("variant,expected", [("180", 0.5), ("90", 0.25), ("45", 0.125)])
 def test_lookhere_directed_heads_see_their_share_on_a_large_grid(variant, expected):
     pat = LookHerePattern(8, variant=variant, undirected_fraction=0.0)

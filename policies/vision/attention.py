@@ -37,6 +37,7 @@ class AttentionConfig:
     undirected_fraction: float = 1 / 3
     undirected_slope: float = 0.5
     undirected_slope_ratio: float = 0.25
+    rotate_directions: bool = False  # each layer's directed heads continue where the last layer's stopped
     # BigBird
     band: int = 3
     random_per_row: int = 3
@@ -74,6 +75,7 @@ class AttentionConfig:
                 undirected_fraction=self.undirected_fraction,
                 undirected_slope=self.undirected_slope,
                 undirected_slope_ratio=self.undirected_slope_ratio,
+                rotate_directions=self.rotate_directions,
             )
         elif self.kind == "bigbird":
             opts = dict(band=self.band, random_per_row=self.random_per_row)

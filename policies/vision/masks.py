@@ -137,11 +137,16 @@ def lookhere_head_plan(
     undirected_fraction: float = 1 / 3,
     undirected_slope: float = 0.5,
     undirected_slope_ratio: float = 0.25,
+    layer: int = 0,
+    rotate_directions: bool = False,
 ) -> list[tuple[str | None, float]]:
     """(direction or None, head slope) per head: directed heads first, then undirected.
 
     Directed heads cycle through the variant's eight directions with slope 1; undirected heads
-    see everything with geometrically smaller slopes (1/2, 1/8, ... by default).
+    see everything with geometrically smaller slopes (1/2, 1/8, ... by default). With fewer than
+    eight directed heads (a 4-head ViT has 3) every layer would look the same three ways and no
+    head would ever look right; ``rotate_directions`` starts each layer where the previous one
+    stopped, so the layers together cover all eight (the paper's 12 heads cover them per layer).
     """
     if variant not in LOOKHERE_DIRECTIONS:
         raise ValueError(f"unknown LookHere variant {variant!r}; known: {sorted(LOOKHERE_DIRECTIONS)}")
@@ -150,7 +155,8 @@ def lookhere_head_plan(
     n_undirected = min(num_heads - 1, math.floor(num_heads * undirected_fraction + 0.5))
     n_directed = num_heads - n_undirected
     names = list(LOOKHERE_DIRECTIONS[variant])
-    plan: list[tuple[str | None, float]] = [(names[i % len(names)], 1.0) for i in range(n_directed)]
+    start = layer * n_directed if rotate_directions else 0
+    plan: list[tuple[str | None, float]] = [(names[(start + i) % len(names)], 1.0) for i in range(n_directed)]
     plan += [(None, undirected_slope * undirected_slope_ratio**k) for k in range(n_undirected)]
     return plan
 
@@ -268,6 +274,7 @@ class LookHerePattern:
     undirected_fraction: float = 1 / 3
     undirected_slope: float = 0.5
     undirected_slope_ratio: float = 0.25
+    rotate_directions: bool = False
     kind: str = "lookhere"
     uses_pos_embed: bool = False  # the point of LookHere: position lives in the bias only
 
@@ -278,6 +285,8 @@ class LookHerePattern:
             undirected_fraction=self.undirected_fraction,
             undirected_slope=self.undirected_slope,
             undirected_slope_ratio=self.undirected_slope_ratio,
+            layer=self.layer,
+            rotate_directions=self.rotate_directions,
         )
 
     def head_slopes(self) -> list[float]:
