@@ -1,7 +1,6 @@
 """rollout.py on a tiny checkpoint: one short PushT episode writes the JSON summary."""
 import json
 import math
-
 import subprocess
 import sys
 from pathlib import Path

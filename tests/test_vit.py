@@ -168,8 +168,8 @@ def test_spatial_softmax_gives_lookhere_absolute_position():
     with torch.no_grad():
         t0, grid = vit.forward_tokens(img)
         t1, _ = vit.forward_tokens(shifted)
-        x0 = vit.spatial_softmax(t0[:, 1:], grid)[0, 0::2]
-        x1 = vit.spatial_softmax(t1[:, 1:], grid)[0, 0::2]
+        x0 = vit.spatial_softmax(t0[:, vit.num_prefix :], grid)[0, 0::2]
+        x1 = vit.spatial_softmax(t1[:, vit.num_prefix :], grid)[0, 0::2]
     assert (x1 - x0).mean() > 0.2
 
 

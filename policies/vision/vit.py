@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import Attention, AttentionConfig
+from .masks import patch_coords
 
 POS_EMBEDS = ("learned", "sincos", "none")
 POOLS = ("cls", "mean", "spatial_softmax")
@@ -159,9 +160,8 @@ class ViT(nn.Module):
         """patches (B, P, dim) -> expected keypoint coordinates in [-1, 1], (B, 2K) as x0, y0, x1, ..."""
         logits = self.keypoints(patches) / self.log_temperature.exp()  # (B, P, K)
         attn = logits.softmax(dim=1)  # (B, P, K): one distribution over the grid per keypoint
-        ys = torch.linspace(-1.0, 1.0, grid[0], device=patches.device, dtype=patches.dtype)
-        xs = torch.linspace(-1.0, 1.0, grid[1], device=patches.device, dtype=patches.dtype)
-        yy, xx = torch.meshgrid(ys, xs, indexing="ij")
-        coords = torch.stack([xx.reshape(-1), yy.reshape(-1)], dim=-1)  # (P, 2) in raster order
+        x, y = patch_coords(grid, patches.device)  # (P,), (P,) in patch units, raster order
+        coords = torch.stack([x / max(grid[1] - 1, 1), y / max(grid[0] - 1, 1)], dim=-1) * 2 - 1  # (P, 2)
+        coords = coords.to(patches.dtype)
         kp = torch.einsum("bpk,pc->bkc", attn, coords)  # (B, K, 2)
         return kp.flatten(1)  # (B, 2K)
