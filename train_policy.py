@@ -28,7 +28,7 @@ from tqdm import tqdm
 from datasets.factory import make_dataset
 from datasets.sampler import SequenceDataset, compute_stats, split_episodes
 from policies.base import Policy, make_policy, policy_from_cfg
-from policies.checkpoint import load_training_state, rng_state, save_checkpoint, set_rng_state
+from policies.checkpoint import load_training_state, read_checkpoint_meta, rng_state, save_checkpoint, set_rng_state
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
@@ -173,8 +173,18 @@ def train(cfg: dict) -> TrainResult:
             ema.load_state_dict(state["ema"])
         set_rng_state(state["rng"])
         step = int(state["step"])
+        if step >= tcfg["steps"]:
+            raise ValueError(
+                f"{ckpt_dir / 'last'} is already at step {step} and train.steps={tcfg['steps']}: "
+                f"pass a larger train.steps= to train longer"
+            )
         if ddp.is_main:
             print(f"resumed {ckpt_dir / 'last'} at step {step}")
+            saved_steps = read_checkpoint_meta(ckpt_dir / "last")["cfg"]["train"]["steps"]
+            if saved_steps != tcfg["steps"]:
+                # LambdaLR keeps only the step count: the new length reshapes the rest of the cosine
+                print(f"train.steps {saved_steps} -> {tcfg['steps']}: the cosine schedule now ends at step "
+                      f"{tcfg['steps']}, so the learning rate continues from {lr * scheduler.lr_lambdas[0](step):.3g}")
     if not cfg["resume"]:
         torch.manual_seed(cfg["seed"] * 1000 + ddp.rank)  # weights are built: now per-rank crops and noise
     elif ddp.rank > 0:  # the checkpoint holds rank 0's stream; other ranks derive theirs from it

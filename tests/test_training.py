@@ -63,7 +63,7 @@ def test_train_checkpoint_load_gives_identical_actions(tmp_path, tiny_pusht_zarr
     assert (tmp_path / "run" / "tb").is_dir()
 
 
-def test_resume_continues_the_step_count(tmp_path, tiny_pusht_zarr):
+def test_resume_continues_the_step_count(tmp_path, tiny_pusht_zarr, capsys):
     cfg = tiny_train_cfg(tmp_path, tiny_pusht_zarr)
     train(cfg)
     first = load_training_state(tmp_path / "run" / "checkpoints" / "last")
@@ -72,7 +72,11 @@ def test_resume_continues_the_step_count(tmp_path, tiny_pusht_zarr):
     with pytest.raises(FileExistsError, match="resume=true"):
         train(cfg)
     cfg2 = tiny_train_cfg(tmp_path, tiny_pusht_zarr, extra=["resume=true", "train.steps=4"])
+    capsys.readouterr()
     result = train(cfg2)
+    # a longer train.steps reshapes the rest of the cosine: at step 2 of 4 after 1 warmup step, 0.5 * (1 + cos(pi / 3)) of the peak
+    peak = cfg2["train"]["lr"]
+    assert f"train.steps 2 -> 4: the cosine schedule now ends at step 4, so the learning rate continues from {peak * 0.75:.3g}" in capsys.readouterr().out
     state = load_training_state(tmp_path / "run" / "checkpoints" / "last")
     assert state["step"] == 4
     # the wall-time total carries over a resume
@@ -81,6 +85,9 @@ def test_resume_continues_the_step_count(tmp_path, tiny_pusht_zarr):
     assert state["optimizer"]["state"][0]["step"].item() == 4
     assert (tmp_path / "run" / "checkpoints" / "step_0000002").is_dir()
     assert (tmp_path / "run" / "checkpoints" / "step_0000004").is_dir()
+    # a run already at train.steps has nothing left to do: say so instead of returning silently
+    with pytest.raises(ValueError, match=r"already at step 4 and train.steps=4: pass a larger train.steps="):
+        train(cfg2)
 
 
 def test_checkpoint_of_another_policy_is_refused(tmp_path, tiny_pusht_zarr):
