@@ -29,6 +29,8 @@ EVAL_SIZES = {"pusht": [96, 128], "lift": [84, 112, 128], "can": [84, 112, 128]}
 STUDIES = ("main", "data_efficiency", "robustness", "resolution", "diversity")
 MAIN_KEYS = ("task", "policy", "attention", "steps", "extra")
 EFFICIENCY_KEYS = ("task", "policy", "attention", "steps", "demos", "extra")
+# robustness and resolution rows: one per evaluated checkpoint group (and variant, in the attention label)
+EVAL_KEYS = ("task", "policy", "attention", "steps", "extra")
 
 
 def cell_extra(args, budget, task, extra=()) -> list[str]:
@@ -140,7 +142,7 @@ def run_robustness(args, budget):
         for p in budget["policies"]:
             for a in budget["attentions"]:
                 group = [c for c in cells_for(args, t, budget) if (c.policy, c.attention) == (p, a)]
-                row = {"task": t, "policy": p, "attention": a}
+                row = {"task": t, "policy": p, "attention": a, "steps": steps_for(budget, t, p), "extra": " ".join(args.extra)}
                 clean = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
                 row["clean"] = f"{100 * clean['success_rate']:.0f}%"
                 row["rates"] = {"clean": clean["success_rate"]}
@@ -167,7 +169,7 @@ def run_robustness(args, budget):
         axes[-1].legend(fontsize=6)
         return fig
 
-    return write_results("robustness", rows, cols, title="Robustness: success under image corruptions", plot=plot,
+    return write_results("robustness", rows, cols, title="Robustness: success under image corruptions", plot=plot, merge_on=EVAL_KEYS,
                          notes="Corruptions are applied to every camera image the policy sees; severity 0 = clean.")
 
 
@@ -200,7 +202,8 @@ def run_resolution(args, budget):
                 # keep each cell's training window (N // 3 of the training grid), not the larger grid's
                 windows = {c.key: fib_train_window(c) for c in group} if a == "fibottention" else {}
                 for label, variant in variants:
-                    row = {"task": t, "policy": p, "attention": label, "rates": {}}
+                    row = {"task": t, "policy": p, "attention": label, "steps": steps_for(budget, t, p),
+                           "extra": " ".join(args.extra), "rates": {}}
                     for size in EVAL_SIZES[t]:
                         kw = dict(eval_kwargs(args, budget), image_size=size)
                         if variant == "slope":  # the paper lowers the global slope on larger images
@@ -213,21 +216,24 @@ def run_resolution(args, budget):
                         row[f"size{size}"] = f"{100 * res['success_rate']:.0f}%"
                         row["rates"][size] = res["success_rate"]
                     rows.append(row)
-    sizes = sorted({s for t in args.tasks for s in EVAL_SIZES[t]})
-    cols = [("task", "task"), ("policy", "policy"), ("attention", "attention")] + [(f"size{s}", f"{s} px") for s in sizes]
+    # every task's sizes: rows of other tasks kept from earlier runs fill their own columns
+    sizes = sorted({s for t in EVAL_SIZES for s in EVAL_SIZES[t]})
+    cols = [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("steps", "steps")]
+    cols += [(f"size{s}", f"{s} px") for s in sizes]
 
     def plot(plt, rows):
         fig, ax = plt.subplots(figsize=(4.5, 3))
         for r in rows:
-            xs = sorted(r["rates"])
-            ax.plot(xs, [r["rates"][x] for x in xs], marker="o", label=f"{r['task']} {r['attention']}")
+            rates = {int(k): v for k, v in r["rates"].items()}  # rows read back from JSON have str keys
+            xs = sorted(rates)
+            ax.plot(xs, [rates[x] for x in xs], marker="o", label=f"{r['task']} {r['attention']}")
         ax.set_xlabel("evaluation image size (px)")
         ax.set_ylabel("success rate")
         ax.set_ylim(0, 1.05)
         ax.legend(fontsize=6)
         return fig
 
-    return write_results("resolution", rows, cols, title="Larger images at test time", plot=plot,
+    return write_results("resolution", rows, cols, title="Larger images at test time", plot=plot, merge_on=EVAL_KEYS,
                          notes="Trained at the task's native size; cameras rendered larger at evaluation, crops scaled with "
                                "them. Full/Fibottention interpolate their learned position embedding; LookHere rebuilds its masks.")
 

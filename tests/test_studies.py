@@ -67,6 +67,18 @@ def test_main_table_keeps_rows_of_earlier_runs_on_the_same_budget(tmp_path, tiny
     assert table.count("Command: `") == 2 and "| pusht | bc | full | 2 |" in table
 
 
+@pytest.mark.parametrize("study", ["robustness", "resolution"])
+def test_evaluation_studies_keep_rows_of_other_encoders(study, tmp_path, tiny_extra):
+    # a study run for one task or encoder must not wipe the table of an earlier run for another
+    base = [study, *TINY_ARGS, "--results", str(tmp_path / "r"), *tiny_extra]
+    studies_main([*base, "--attentions", "full"])
+    out = studies_main([*base, "--attentions", "lookhere"])
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {r["attention"] for r in rows} >= {"full", "lookhere"}
+    assert all(r["steps"] == 2 for r in rows)
+    assert (out / "plot.png").stat().st_size > 1000  # the kept rows (str keys from JSON) plot too
+
+
 def test_merge_rows_replaces_redone_rows_only():
     old = [{"task": "lift", "attention": "full", "success_rate": 0.5}, {"task": "lift", "attention": "lookhere", "success_rate": 0.9}]
     new = [{"task": "lift", "attention": "full", "success_rate": 1.0}, {"task": "can", "attention": "full", "success_rate": 0.8}]
