@@ -222,15 +222,18 @@ def run_resolution(args, budget):
     cols += [(f"size{s}", f"{s} px") for s in sizes]
 
     def plot(plt, rows):
-        fig, ax = plt.subplots(figsize=(4.5, 3))
-        for r in rows:
-            rates = {int(k): v for k, v in r["rates"].items()}  # rows read back from JSON have str keys
-            xs = sorted(rates)
-            ax.plot(xs, [rates[x] for x in xs], marker="o", label=f"{r['task']} {r['attention']}")
-        ax.set_xlabel("evaluation image size (px)")
-        ax.set_ylabel("success rate")
-        ax.set_ylim(0, 1.05)
-        ax.legend(fontsize=6)
+        tasks = sorted({r["task"] for r in rows})  # one panel per task: their sizes differ
+        fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.2), squeeze=False)
+        for ax, t in zip(axes[0], tasks):
+            for r in (r for r in rows if r["task"] == t):
+                rates = {int(k): v for k, v in r["rates"].items()}  # rows read back from JSON have str keys
+                xs = sorted(rates)
+                ax.plot(xs, [rates[x] for x in xs], marker="o", label=f"{r['policy']} {r['attention']}")
+            ax.set_title(t, fontsize=9)
+            ax.set_xlabel("evaluation image size (px)")
+            ax.set_ylim(0, 1.05)
+            ax.legend(fontsize=6, loc="lower left")
+        axes[0, 0].set_ylabel("success rate")
         return fig
 
     return write_results("resolution", rows, cols, title="Larger images at test time", plot=plot, merge_on=EVAL_KEYS,

@@ -211,7 +211,8 @@ def write_results(study: str, rows: list[dict], columns: list[tuple[str, str]], 
         import matplotlib.pyplot as plt
 
         fig = plot(plt, rows)
-        fig.text(0.01, 0.005, f"{command}  @{meta['commit']}", fontsize=6, color="grey")
+        # below the axes (bbox_inches="tight" grows the figure to fit), so it never overlaps the x labels
+        fig.text(0.01, -0.02, f"{command}  @{meta['commit']}", fontsize=6, color="grey", va="top")
         fig.savefig(out / "plot.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
     return out
