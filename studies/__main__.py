@@ -27,10 +27,9 @@ from studies.corruptions import CORRUPTIONS, obs_corruptor
 TRAIN_SIZE = {"pusht": 96, "lift": 84, "can": 84}
 EVAL_SIZES = {"pusht": [96, 128], "lift": [84, 112, 128], "can": [84, 112, 128]}
 STUDIES = ("main", "data_efficiency", "robustness", "resolution", "diversity")
-MAIN_KEYS = ("task", "policy", "attention", "steps", "extra")
+# what identifies a table row across runs (main, robustness, resolution); a resolution variant is in its attention label
+ROW_KEYS = ("task", "policy", "attention", "steps", "extra")
 EFFICIENCY_KEYS = ("task", "policy", "attention", "steps", "demos", "extra")
-# robustness and resolution rows: one per evaluated checkpoint group (and variant, in the attention label)
-EVAL_KEYS = ("task", "policy", "attention", "steps", "extra")
 
 
 def cell_extra(args, budget, task, extra=()) -> list[str]:
@@ -42,6 +41,12 @@ def steps_for(budget, task: str, policy: str) -> int:
     """Training steps of a cell: the budget gives one number per task, or one per task and policy."""
     steps = budget["steps"][task]
     return int(steps[policy]) if isinstance(steps, dict) else int(steps)
+
+
+def row_id(args, budget, task: str, policy: str, attention: str) -> dict:
+    """The ROW_KEYS fields of a table row, so reruns with another recipe get rows of their own."""
+    return {"task": task, "policy": policy, "attention": attention, "steps": steps_for(budget, task, policy),
+            "extra": " ".join(args.extra)}
 
 
 def cells_for(args, task, budget, extra=()):
@@ -68,7 +73,7 @@ def run_main(args, budget):
                 group = [c for c in cells if (c.task, c.policy, c.attention) == (t, p, a)]
                 pool = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
                 secs = [train_seconds(c) for c in group]
-                rows.append({"task": t, "policy": p, "attention": a, "steps": steps_for(budget, t, p), "extra": " ".join(args.extra),
+                rows.append({**row_id(args, budget, t, p, a),
                              "success": fmt_rate(pool), **pool,
                              "coverage": f"{pool['mean_max_coverage']:.3f}" if "mean_max_coverage" in pool else "",
                              "train_min": f"{np.mean([s for s in secs if s]) / 60:.1f}" if any(secs) else ""})
@@ -86,7 +91,7 @@ def run_main(args, budget):
 
     return write_results("main", rows, [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("steps", "steps"),
                                         ("extra", "extra overrides"), ("success", "success [95% CI] (k/n)"), ("coverage", "mean max coverage"),
-                                        ("train_min", "train minutes / seed")], merge_on=MAIN_KEYS,
+                                        ("train_min", "train minutes / seed")], merge_on=ROW_KEYS,
                          title="Main comparison: task x policy x attention", plot=plot,
                          notes=f"Budget `{args.budget}`: seeds {budget['seeds']}, {budget['episodes']} evaluation episodes per seed "
                                f"on held-out seeds from 100000. Rows of earlier runs on this budget are kept.")
@@ -102,8 +107,7 @@ def run_data_efficiency(args, budget):
                 for c in group:
                     train_cell(c, log=tqdm.write)
                 pool = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
-                rows.append({"task": t, "demos": n, "attention": c_att, "policy": budget["policies"][0],
-                             "steps": steps_for(budget, t, budget["policies"][0]), "extra": " ".join(args.extra),
+                rows.append({**row_id(args, budget, t, budget["policies"][0], c_att), "demos": n,
                              "success": fmt_rate(pool), **pool})
 
     def plot(plt, rows):
@@ -142,7 +146,7 @@ def run_robustness(args, budget):
         for p in budget["policies"]:
             for a in budget["attentions"]:
                 group = [c for c in cells_for(args, t, budget) if (c.policy, c.attention) == (p, a)]
-                row = {"task": t, "policy": p, "attention": a, "steps": steps_for(budget, t, p), "extra": " ".join(args.extra)}
+                row = row_id(args, budget, t, p, a)
                 clean = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
                 row["clean"] = f"{100 * clean['success_rate']:.0f}%"
                 row["rates"] = {"clean": clean["success_rate"]}
@@ -169,7 +173,7 @@ def run_robustness(args, budget):
         axes[-1].legend(fontsize=6)
         return fig
 
-    return write_results("robustness", rows, cols, title="Robustness: success under image corruptions", plot=plot, merge_on=EVAL_KEYS,
+    return write_results("robustness", rows, cols, title="Robustness: success under image corruptions", plot=plot, merge_on=ROW_KEYS,
                          notes="Corruptions are applied to every camera image the policy sees; severity 0 = clean.")
 
 
@@ -202,8 +206,7 @@ def run_resolution(args, budget):
                 # keep each cell's training window (N // 3 of the training grid), not the larger grid's
                 windows = {c.key: fib_train_window(c) for c in group} if a == "fibottention" else {}
                 for label, variant in variants:
-                    row = {"task": t, "policy": p, "attention": label, "steps": steps_for(budget, t, p),
-                           "extra": " ".join(args.extra), "rates": {}}
+                    row = {**row_id(args, budget, t, p, label), "rates": {}}
                     for size in EVAL_SIZES[t]:
                         kw = dict(eval_kwargs(args, budget), image_size=size)
                         if variant == "slope":  # the paper lowers the global slope on larger images
@@ -236,7 +239,7 @@ def run_resolution(args, budget):
         axes[0, 0].set_ylabel("success rate")
         return fig
 
-    return write_results("resolution", rows, cols, title="Larger images at test time", plot=plot, merge_on=EVAL_KEYS,
+    return write_results("resolution", rows, cols, title="Larger images at test time", plot=plot, merge_on=ROW_KEYS,
                          notes="Trained at the task's native size; cameras rendered larger at evaluation, crops scaled with "
                                "them. Full/Fibottention interpolate their learned position embedding; LookHere rebuilds its masks.")
 
