@@ -7,7 +7,7 @@ SYS_PKGS := libegl1 libgl1-mesa-dri libosmesa6
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
-.PHONY: setup sysdeps test demo bench clean-venv
+.PHONY: setup sysdeps test demo demo-pusht bench clean-venv
 
 setup: $(STAMP)
 
@@ -34,18 +34,25 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PYTHON) -m pytest tests
 
-# The main job on a CPU in well under 20 minutes: 50 scripted PushT demonstrations -> a small
-# diffusion policy with a Fibottention ViT -> 10 evaluation rollouts.
-DEMO_DATA := data/demo/pusht.zarr
+# The CPU recipe end to end in under 20 minutes on 2 cores: 200 scripted Lift demonstrations ->
+# BC with a Fibottention ViT (recipe=cpu, two processes under torchrun) -> 20 held-out rollouts.
 DEMO_RUN := outputs/demo
+LIFT_DATA := data/lift/ph_image.hdf5
 demo: $(STAMP)
 	$(PYTHON) -m policies.vision.masks fibottention --grid 10x10 --heads 4 --depth 3
-	@test -e $(DEMO_DATA) || $(PYTHON) -m datasets.generate task=pusht num_episodes=50 out=$(DEMO_DATA) workers=2
-	$(PYTHON) train_policy.py task=pusht policy=diffusion attention=fibottention task.dataset.path=$(DEMO_DATA) \
-	  run_dir=$(DEMO_RUN) overwrite=true train.steps=1500 train.batch_size=32 train.warmup_steps=100 \
-	  train.checkpoint_every=500 train.val_every=500 train.num_threads=1
-	$(PYTHON) rollout.py checkpoint=$(DEMO_RUN) num_episodes=10 workers=2 out_dir=$(DEMO_RUN)/eval
-	@echo "demo outputs: dataset $(DEMO_DATA), checkpoints $(DEMO_RUN)/checkpoints, TensorBoard $(DEMO_RUN)/tb, rollout summary and videos $(DEMO_RUN)/eval"
+	@test -e $(LIFT_DATA) || $(PYTHON) -m datasets.generate task=lift num_episodes=200 workers=2
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_policy.py task=lift policy=bc attention=fibottention \
+	  recipe=cpu run_dir=$(DEMO_RUN) overwrite=true
+	$(PYTHON) rollout.py checkpoint=$(DEMO_RUN) num_episodes=20 workers=2 overwrite=true
+	@echo "demo outputs: dataset $(LIFT_DATA), checkpoints $(DEMO_RUN)/checkpoints, TensorBoard: tensorboard --logdir $(DEMO_RUN)/tb, rollout summary and videos $(DEMO_RUN)/eval/"
+
+# PushT with the CPU recipe (x0 diffusion, keypoints): 1000 demonstrations and 15000 steps, about an hour.
+PUSHT_DATA := data/pusht/demos1000.zarr
+demo-pusht: $(STAMP)
+	@test -e $(PUSHT_DATA) || $(PYTHON) -m datasets.generate task=pusht num_episodes=1000 out=$(PUSHT_DATA) workers=2
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_policy.py task=pusht policy=diffusion attention=fibottention \
+	  recipe=cpu run_dir=outputs/demo_pusht overwrite=true
+	$(PYTHON) rollout.py checkpoint=outputs/demo_pusht num_episodes=20 workers=2 overwrite=true
 
 bench: $(STAMP)
 	$(PYTHON) -m benchmarks.attention --sizes 81,256,1024,4096 --repeats 5 --json results/attention_benchmark/cpu.json

@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from itertools import product
 from pathlib import Path
@@ -31,28 +30,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from omegaconf import OmegaConf  # noqa: E402
-
-from policies.base import make_policy, policy_from_cfg  # noqa: E402
+from core.config import compose
+from policies.base import make_policy
 
 
-def build(task: str, policy: str, attention: str, overrides: dict | None = None):
-    cfg = {
-        "task": OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "task" / f"{task}.yaml"), resolve=True),
-        "policy": OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "policy" / f"{policy}.yaml"), resolve=True),
-        "attention": OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "attention" / f"{attention}.yaml"), resolve=True),
-    }
-    cfg["policy"].update(overrides or {})
-    name, pc = policy_from_cfg(cfg)
+def build(task: str, policy: str, attention: str, overrides: list[str] = (), recipe: str = "none"):
+    """The policy ``train_policy.py task=... policy=... attention=... recipe=... <overrides>`` trains."""
+    pc = compose("config", [f"task={task}", f"policy={policy}", f"attention={attention}", f"recipe={recipe}",
+                            *overrides]).policy
     stats = {k: {"min": -np.ones(pc.input_shapes[k][0], np.float32), "max": np.ones(pc.input_shapes[k][0], np.float32)}
              for k in pc.lowdim_keys}
     stats["action"] = {"min": -np.ones(pc.action_dim, np.float32), "max": np.ones(pc.action_dim, np.float32)}
     torch.manual_seed(0)
-    return make_policy(name, pc, stats), pc
+    return make_policy(pc, stats), pc
 
 
 def fake_batch(pc, b: int, device, with_action: bool = True) -> dict[str, torch.Tensor]:
@@ -172,7 +162,8 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed train steps and latency calls per config")
     ap.add_argument("--rounds", type=int, default=5, help="timed train steps per config (one per round)")
     ap.add_argument("--latency-calls", type=int, default=20, help="timed latency calls per config, spread over the rounds")
-    ap.add_argument("--out", default=str(REPO / "results" / "policy_speed"))
+    ap.add_argument("--recipe", default="none", help="configs/recipe/ entry the policies are built with (none: defaults)")
+    ap.add_argument("--out", default="results/policy_speed")
     ap.add_argument("--name", default=None, help="file stem (default: the device type)")
     args = ap.parse_args(argv)
 
@@ -200,8 +191,7 @@ def main(argv=None) -> None:
         torch.set_num_threads(threads)
         benches = []
         for task, pol, att in product(args.tasks, args.policies, args.attentions):
-            overrides = {"head": "mlp"} if pol == "bc" else {}
-            policy, pc = build(task, pol, att, overrides)
+            policy, pc = build(task, pol, att, ["policy.head=mlp"] if pol == "bc" else [], recipe=args.recipe)
             policy.to(device)
             row = {
                 "threads": threads, "task": task, "policy": pol, "attention": att,

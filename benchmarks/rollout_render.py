@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from core.config import TaskConfig, from_dict
+from core.evaluation import evaluate
 from policies.checkpoint import load_policy, read_checkpoint_meta
-from rollout import evaluate
 
 
 def main(argv=None):
@@ -22,11 +23,11 @@ def main(argv=None):
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     policy = load_policy(args.checkpoint)
-    task = read_checkpoint_meta(args.checkpoint)["cfg"]["task"]
+    task = from_dict(TaskConfig, read_checkpoint_meta(args.checkpoint)["cfg"]["task"])
     rows = []
     for fast in (True, False):
-        cfg = {**task, "env": {**task.get("env", {}), "fast_render": fast}}
-        s = evaluate(policy, cfg, num_episodes=args.episodes, workers=args.workers, progress=False)
+        s = evaluate(policy, task, num_episodes=args.episodes, workers=args.workers, progress=False,
+                     env_options={"fast_render": fast})
         rows.append({"fast_render": fast, "seconds_per_episode": s["seconds_per_episode"],
                      "mean_episode_length": s["mean_episode_length"], "success_rate": s["success_rate"],
                      "ms_per_step": 1000 * s["wall_seconds"] / max(1, sum(e["steps"] for e in s["episodes"]))})

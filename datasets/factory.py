@@ -30,31 +30,33 @@ def guess_format(path) -> str:
     raise ValueError(f"cannot tell the format of {p}: expected a .zarr directory or a .hdf5 file")
 
 
-def make_dataset(task_cfg, max_episodes: int | None = None) -> EpisodeData:
-    """Read the task's dataset and check it carries what the task's policy needs."""
-    path = task_cfg["dataset"]["path"]
+def make_dataset(task, keys: list[str] | None = None, max_episodes: int | None = None) -> EpisodeData:
+    """Read the task's dataset (a TaskConfig) and check it carries ``keys`` (default: all of
+    ``task.input_shapes``) in the task's shapes."""
+    path = task.dataset.path
     if not Path(path).exists():
         raise FileNotFoundError(
             f"dataset {path} does not exist; generate it with: "
-            f"python -m datasets.generate task={task_cfg['name']} num_episodes=200 out={path}"
+            f"python -m datasets.generate task={task.name} num_episodes=200 out={path}"
         )
-    keys = list(task_cfg["input_shapes"])
-    data = read_dataset(path, task_cfg["dataset"]["format"], obs_keys=keys)
+    keys = list(task.input_shapes) if keys is None else list(keys)
+    data = read_dataset(path, task.dataset.format, obs_keys=keys)
     missing = [k for k in keys + ["action"] if k not in data.data]
     if missing:
         raise ValueError(
-            f"dataset {path} does not fit task {task_cfg['name']!r}: it lacks {missing} "
+            f"dataset {path} does not fit task {task.name!r}: it lacks {missing} "
             f"(it has {sorted(data.data)}); was it written for another task or camera set?"
         )
-    for key, shape in task_cfg["input_shapes"].items():
+    for key in keys:
+        shape = task.input_shapes[key]
         arr = data.data[key]
         got = tuple(arr.shape[1:])
         want = (shape[1], shape[2], shape[0]) if len(shape) == 3 else tuple(shape)
         if got != want:
-            raise ValueError(f"dataset {path}: {key!r} frames have shape {got}, task {task_cfg['name']!r} expects {want}")
-    if data.data["action"].shape[1] != task_cfg["action_dim"]:
+            raise ValueError(f"dataset {path}: {key!r} frames have shape {got}, task {task.name!r} expects {want}")
+    if data.data["action"].shape[1] != task.action_dim:
         raise ValueError(
-            f"dataset {path}: actions are {data.data['action'].shape[1]}-D, task {task_cfg['name']!r} expects {task_cfg['action_dim']}-D"
+            f"dataset {path}: actions are {data.data['action'].shape[1]}-D, task {task.name!r} expects {task.action_dim}-D"
         )
     if max_episodes is not None and max_episodes < data.num_episodes:
         end = data.episode_ends[max_episodes - 1]

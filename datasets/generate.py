@@ -1,7 +1,9 @@
 """Generate demonstrations with a scripted expert and write them in the public layout.
 
     python -m datasets.generate task=pusht num_episodes=200 out=data/pusht/demos.zarr workers=2
-    python -m datasets.generate task=lift num_episodes=200 out=data/lift/ph_image.hdf5 workers=2
+    python -m datasets.generate task=lift num_episodes=200 workers=2    # out= defaults to the task's dataset path
+
+Options: GenerateConfig in core/config.py (`python -m datasets.generate task=lift --cfg job`).
 
 Seeds ``seed, seed+1, ...`` are tried in order and the first ``num_episodes`` successful ones
 are kept, so the result is the same for any number of workers. Failed attempts are dropped.
@@ -19,18 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import parse_key_values
 from envs.factory import EVAL_SEED_START
 
-from .episodes import atomic_output
+from .episodes import recover_output
 
 TASKS = {"pusht": "envs.experts.pusht", "lift": "envs.experts.lift", "can": "envs.experts.can"}
-DEFAULTS = {"task": None, "num_episodes": 200, "out": None, "workers": 1, "seed": 0, "overwrite": False,
-            "max_attempts": None, "image_size": None}
-USAGE = ("usage: python -m datasets.generate task={pusht,lift,can} num_episodes=N out=PATH "
-         "[workers=1] [seed=0] [overwrite=false] [max_attempts=2N+20] [image_size=default]")
-
-
 def _collect(job):
     task, seed, image_size = job
     module = importlib.import_module(TASKS[task])
@@ -50,6 +45,7 @@ def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int =
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
     out = Path(out)
+    recover_output(out)  # a killed earlier run may have left the previous dataset aside: put it back first
     if out.exists() and not overwrite:  # fail before the expensive part, not after it
         raise FileExistsError(f"{out} already exists; pass overwrite=true to replace it, or choose another out=")
     max_attempts = max_attempts or 2 * num_episodes + 20
@@ -113,22 +109,23 @@ def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int =
     return report
 
 
-def parse_args(argv: list[str]) -> dict:
-    args = parse_key_values(argv, DEFAULTS, USAGE)
-    if not args["task"] or not args["out"]:
-        raise SystemExit(f"task= and out= are required\n{USAGE}")
-    return args
-
-
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        report = generate(args["task"], args["num_episodes"], args["out"], workers=args["workers"], seed=args["seed"],
-                          overwrite=args["overwrite"], max_attempts=args["max_attempts"], image_size=args["image_size"])
-    except (FileExistsError, ValueError) as exc:
-        raise SystemExit(f"error: {exc}")
+def run(cfg) -> dict:
+    """What the command does with a GenerateConfig: generate, print the report."""
+    report = generate(cfg.task.name, cfg.num_episodes, cfg.out, workers=cfg.workers, seed=cfg.seed, overwrite=cfg.overwrite,
+                      max_attempts=cfg.max_attempts, image_size=cfg.image_size)
     print(json.dumps(report, indent=2))
     return report
+
+
+def main() -> None:
+    import hydra
+
+    from core.cli import run_command
+    from core.config import CONFIG_DIR, register_configs
+
+    register_configs()
+    hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="generate")(
+        lambda cfg: run_command("python -m datasets.generate", run, cfg))()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ Layout (robomimic's own, so ``robomimic.utils.dataset.SequenceDataset`` reads wh
     mask/train, mask/valid     arrays of demo names (dtype 'S')
 
 Readers flatten demos into :class:`datasets.episodes.EpisodeData` (``action`` plus observation keys,
-float observations and actions as float32, images left as uint8 HWC).
+float observations and actions as float32, images as uint8 HWC). Images must be uint8 0-255 or
+float 0-255 (rounded to uint8); float images all in [0, 1] are scaled x255 with a warning; anything
+else, and NaN/inf in actions or low-dim observations, is refused with a one-line ValueError.
 """
 from __future__ import annotations
 
@@ -21,7 +23,18 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from datasets.episodes import EpisodeData, atomic_output
+from datasets.episodes import (
+    IMAGE_CASES,
+    EpisodeData,
+    atomic_output,
+    check_finite,
+    image_case,
+    image_to_uint8,
+    is_image,
+    missing_output_hint,
+    sample_frames,
+    warn_float01,
+)
 
 FORMAT = "robomimic_hdf5"
 GENERATE_HINT = "python -m datasets.generate task=lift num_episodes=200 out={path}"
@@ -161,7 +174,7 @@ def _open(path: str | os.PathLike) -> h5py.File:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(
-            f"robomimic dataset {p} not found; generate it with `{GENERATE_HINT.format(path=p)}` "
+            f"robomimic dataset {p} not found{missing_output_hint(p)}; generate it with `{GENERATE_HINT.format(path=p)}` "
             "(task=can for PickPlaceCan) or download a robomimic image.hdf5 there"
         )
     try:
@@ -232,6 +245,17 @@ def _as_float32(arr_dtype) -> np.dtype:
     return np.dtype(np.float32) if np.issubdtype(arr_dtype, np.floating) else np.dtype(arr_dtype)
 
 
+def _image_case(data: h5py.Group, used: list[tuple[str, int]], src: str, path, warn: bool = True) -> str:
+    """Image encoding of ``src`` judged on frames of the first and last demos (warns for float 0-1)."""
+    picked = used[:1] + used[-1:] if len(used) > 1 else used
+    shape = data[picked[0][0]][src].shape[1:]
+    samples = [sample_frames(data[d][src], n) for d, n in picked if src in data[d] and data[d][src].shape[1:] == shape]
+    case = image_case(np.concatenate(samples), path, src, f" (sampled from data/{picked[0][0]}, data/{picked[-1][0]})")
+    if case == "float01" and warn:
+        warn_float01(path, src)
+    return case
+
+
 def read_robomimic_hdf5(
     path: str | os.PathLike, obs_keys: list[str] | None = None, filter_key: str | None = None
 ) -> EpisodeData:
@@ -262,12 +286,16 @@ def read_robomimic_hdf5(
         total = sum(n for _, n in used)
         first = data[used[0][0]]
         sources = {"action": "actions", **{k: f"obs/{k}" for k in keys}}
-        out = {}
+        out, image_cases = {}, {}
         for name, src in sources.items():
             ds = first[src]
-            out[name] = np.empty((total,) + ds.shape[1:], dtype=_as_float32(ds.dtype))
+            dtype = _as_float32(ds.dtype)
+            if is_image(ds.shape):  # decided on a sample; every demo is checked as it is read
+                image_cases[name] = _image_case(data, used, src, path)
+                dtype = np.dtype(np.uint8)
+            out[name] = np.empty((total,) + ds.shape[1:], dtype=dtype)
         start = 0
-        for d, n in used:
+        for i, (d, n) in enumerate(used):
             g = data[d]
             for name, src in sources.items():
                 if src not in g:
@@ -278,7 +306,12 @@ def read_robomimic_hdf5(
                     raise RobomimicFormatError(
                         f"{path}: data/{d}/{src} has shape {ds.shape}, expected ({n}, *{out[name].shape[1:]})"
                     )
-                out[name][start : start + n] = ds[:n]
+                block = ds[:n]
+                if name in image_cases:
+                    block = image_to_uint8(block, image_cases[name], path, src, f" in episode {i} (data/{d})")
+                else:
+                    check_finite(block, path, src, episode=i, label=f"data/{d}")
+                out[name][start : start + n] = block
             start += n
         env_args = _env_args(f)
     meta = {
@@ -295,7 +328,9 @@ def read_robomimic_hdf5(
 
 
 def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
-    """Summary for an inspect CLI: episodes, frames, key shapes/dtypes, action range, env name, masks."""
+    """Summary for ``python -m datasets.describe``: episodes, frames, key shapes/dtypes (and each image
+    key's encoding), action range, env name, masks; what the reader would refuse is listed under
+    ``problems`` (the reader's own messages) instead of raised."""
     with _open(path) as f:
         demos = _demos(f, path, None)
         data = f["data"]
@@ -313,6 +348,26 @@ def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
                 }
 
         g0.visititems(visit)
+        problems = []
+        used = [(d, n) for d, n in zip(demos, lengths) if n > 0]
+        obs_keys = sorted(g0["obs"].keys()) if "obs" in g0 else []
+        image_srcs = [f"obs/{k}" for k in obs_keys if is_image(g0["obs"][k].shape)]
+        for src in image_srcs:  # the reader's rules, judged on the same sample it uses
+            keys[src]["image"] = "refused"
+            try:
+                keys[src]["image"] = IMAGE_CASES[_image_case(data, used, src, path, warn=False)] if used else IMAGE_CASES["uint8"]
+            except ValueError as exc:
+                problems.append(str(exc))
+        lowdim = ["actions"] + [f"obs/{k}" for k in obs_keys if f"obs/{k}" not in image_srcs]
+        for src in lowdim:  # report the first demo with NaN/inf per key, as the reader would refuse it
+            for i, (d, n) in enumerate(used):
+                if src not in data[d]:
+                    continue
+                try:
+                    check_finite(np.asarray(data[d][src][:n]), path, src, episode=i, label=f"data/{d}")
+                except ValueError as exc:
+                    problems.append(str(exc))
+                    break
         a_min = a_max = None
         for d in demos:
             a = np.asarray(data[d]["actions"][:])
@@ -328,6 +383,8 @@ def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
         return {
             "path": str(path),
             "format": FORMAT,
+            "valid": not problems,
+            "problems": problems,
             "env_name": env_args.get("env_name"),
             "env_version": env_args.get("env_version"),
             "episodes": int(len(demos)),

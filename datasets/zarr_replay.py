@@ -13,7 +13,19 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from .episodes import EpisodeData, atomic_output
+from .episodes import (
+    IMAGE_CASES,
+    EpisodeData,
+    atomic_output,
+    check_episode_ends,
+    check_finite,
+    image_case,
+    image_to_uint8,
+    is_image,
+    missing_output_hint,
+    sample_frames,
+    warn_float01,
+)
 
 PUSHT_KEYS = {"img": 4, "state": 2, "action": 2, "keypoint": 3, "n_contacts": 2}  # key -> ndim
 REQUIRED_KEYS = ("img", "state", "action")
@@ -37,7 +49,13 @@ def write_pusht_zarr(path, episodes: list[dict[str, np.ndarray]], overwrite: boo
         data = root.create_group("data")
         for key in PUSHT_KEYS:
             arr = np.concatenate([np.asarray(ep[key]) for ep in episodes])
-            arr = arr.astype(np.uint8 if key == "img" else np.float32)
+            if key == "img":  # the readers' rules: float 0-255 rounded, float 0-1 x255 (warned), else refused
+                case = image_case(arr, path, "img")
+                if case == "float01":
+                    warn_float01(path, "img")
+                arr = image_to_uint8(arr, case, path, "img")
+            else:
+                arr = arr.astype(np.float32)
             # chunk along time like the public file: a training window touches one chunk
             chunks = (min(len(arr), 161),) + arr.shape[1:]
             data.create_array(key, shape=arr.shape, dtype=arr.dtype, chunks=chunks)[...] = arr
@@ -51,7 +69,7 @@ def _open(path) -> zarr.Group:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(
-            f"dataset {p} does not exist; generate it with: "
+            f"dataset {p} does not exist{missing_output_hint(p)}; generate it with: "
             f"python -m datasets.generate task=pusht num_episodes=200 out={p}"
         )
     try:
@@ -60,10 +78,7 @@ def _open(path) -> zarr.Group:
         raise ValueError(f"{p} is not a zarr group ({exc}); expected a Diffusion Policy replay buffer") from exc
 
 
-def read_pusht_zarr(path, *, load_keys: tuple[str, ...] = ("img", "state", "action")) -> EpisodeData:
-    """Read a replay buffer into memory with the policy's names: ``image`` (uint8 HWC),
-    ``agent_pos`` (state[:, :2]), ``state``, ``action``, plus any extra requested key."""
-    root = _open(path)
+def _check_layout(root: zarr.Group, path) -> None:
     found_data = sorted(root["data"].array_keys()) if "data" in root else []
     found_meta = sorted(root["meta"].array_keys()) if "meta" in root else []
     missing = [f"data/{k}" for k in REQUIRED_KEYS if k not in found_data]
@@ -74,31 +89,92 @@ def read_pusht_zarr(path, *, load_keys: tuple[str, ...] = ("img", "state", "acti
             f"{path} is not a PushT replay buffer: missing {missing}. Expected data/{{{', '.join(PUSHT_KEYS)}}} "
             f"and meta/episode_ends; found data/{found_data} and meta/{found_meta}"
         )
-    raw = {k: root["data"][k][:] for k in load_keys}
+
+
+def _read_image(arr: zarr.Array, path, key: str, ends: np.ndarray) -> np.ndarray:
+    """uint8 as stored; float 0-255 rounded, float 0-1 scaled x255 (with a warning); else refused.
+    Converted block by block, so a float file never needs a second full-size float copy."""
+    if arr.dtype == np.uint8:
+        return arr[:]
+    case = image_case(sample_frames(arr), path, key)
+    if case == "float01":
+        warn_float01(path, key)
+    out, n = np.empty(arr.shape, np.uint8), arr.shape[0]
+    chunk = int(arr.chunks[0])
+    step = chunk * max(1, 512 // chunk)  # whole chunks: each is decompressed once
+    for s in range(0, n, step):
+        e = min(s + step, n)
+        first, last = np.searchsorted(ends, [s, e - 1], side="right")
+        where = f" in episode {first}" if first == last else f" in episodes {first}-{last}"
+        out[s:e] = image_to_uint8(arr[s:e], case, path, key, where)
+    return out
+
+
+def read_pusht_zarr(path, *, load_keys: tuple[str, ...] = ("img", "state", "action")) -> EpisodeData:
+    """Read a replay buffer into memory with the policy's names: ``image`` (uint8 HWC),
+    ``agent_pos`` (state[:, :2]), ``state``, ``action``, plus any extra requested key.
+
+    Refuses (one-line ValueError) invalid ``episode_ends``, NaN/inf in low-dim keys and actions,
+    and images that are neither uint8 nor float 0-255 / 0-1 (float 0-1 is scaled x255, with a warning).
+    """
+    root = _open(path)
+    _check_layout(root, path)
+    group = root["data"]
+    ends = check_episode_ends(root["meta"]["episode_ends"][:], {f"data/{k}": group[k].shape[0] for k in load_keys}, path)
+    raw = {}
+    for k in load_keys:
+        if k == "img" or is_image(group[k].shape):
+            raw[k] = _read_image(group[k], path, f"data/{k}", ends)
+        else:
+            raw[k] = group[k][:]
+            check_finite(raw[k], path, f"data/{k}", episode_ends=ends)
     img = raw.pop("img")
-    if img.dtype != np.uint8:  # the public file stores float32 0..255
-        img = np.clip(np.rint(img), 0, 255).astype(np.uint8)
     data = {"image": img, "agent_pos": raw["state"][:, :2].astype(np.float32), "action": raw["action"].astype(np.float32)}
     data.update({k: v.astype(np.float32) for k, v in raw.items() if k not in ("action",)})
-    ends = np.asarray(root["meta"]["episode_ends"][:], dtype=np.int64)
     return EpisodeData(data, ends, {"format": "pusht_zarr", "path": str(path), "task": "pusht", **dict(root.attrs)})
 
 
 def describe_pusht_zarr(path) -> dict:
+    """Summary for ``python -m datasets.describe``; what the reader would refuse is listed under
+    ``problems`` (the reader's own messages) instead of raised."""
     root = _open(path)
-    ends = np.asarray(root["meta"]["episode_ends"][:])
-    keys = {f"data/{k}": {"shape": list(root["data"][k].shape), "dtype": str(root["data"][k].dtype)} for k in root["data"].array_keys()}
-    keys["meta/episode_ends"] = {"shape": list(ends.shape), "dtype": str(ends.dtype)}
-    action = root["data"]["action"][:]
-    lengths = np.diff(np.concatenate([[0], ends]))
-    return {
+    _check_layout(root, path)
+    group = root["data"]
+    raw_ends = np.asarray(root["meta"]["episode_ends"][:])
+    keys = {f"data/{k}": {"shape": list(group[k].shape), "dtype": str(group[k].dtype)} for k in group.array_keys()}
+    keys["meta/episode_ends"] = {"shape": list(raw_ends.shape), "dtype": str(raw_ends.dtype)}
+    problems = []
+    try:
+        ends = check_episode_ends(raw_ends, {f"data/{k}": group[k].shape[0] for k in group.array_keys()}, path)
+    except ValueError as exc:
+        ends = None
+        problems.append(str(exc))
+    for k in group.array_keys():
+        name, arr = f"data/{k}", group[k]
+        try:
+            if k == "img" or is_image(arr.shape):
+                keys[name]["image"] = "refused"
+                keys[name]["image"] = IMAGE_CASES[image_case(sample_frames(arr), path, name)]
+            else:
+                check_finite(arr[:], path, name, episode_ends=ends)
+        except ValueError as exc:
+            problems.append(str(exc))
+    action = group["action"][:]
+    info = {
         "format": "pusht_zarr",
         "path": str(path),
-        "episodes": int(len(ends)),
-        "frames": int(ends[-1]) if len(ends) else 0,
-        "episode_length": {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())},
-        "keys": keys,
-        "action_min": action.min(0).tolist(),
-        "action_max": action.max(0).tolist(),
-        "attrs": dict(root.attrs),
+        "valid": not problems,
+        "problems": problems,
+        "episodes": int(len(raw_ends)),
+        "frames": int(len(action)),
     }
+    if ends is not None and len(ends):
+        lengths = np.diff(ends, prepend=0)
+        info["episode_length"] = {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())}
+    info.update({
+        "keys": keys,
+        "action_min": action.min(0).tolist() if len(action) else [],
+        "action_max": action.max(0).tolist() if len(action) else [],
+        "attrs": dict(root.attrs),
+    })
+    return info

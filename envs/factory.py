@@ -26,11 +26,12 @@ def make_env(task: str, **kwargs):
     raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
 
 
-def env_kwargs_from_task(task_cfg: dict, image_size: int | None = None) -> dict:
-    """Constructor arguments for the task's environment, matching the policy's inputs."""
-    kwargs = dict(task_cfg.get("env", {}))
-    if task_cfg["name"] in ("lift", "can"):
-        kwargs["cameras"] = tuple(k[: -len("_image")] for k, s in task_cfg["input_shapes"].items() if len(s) == 3)
+def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = None) -> dict:
+    """Constructor arguments for the task's environment (a TaskConfig), rendering the cameras
+    ``image_keys`` that the policy reads."""
+    kwargs = {"max_episode_steps": task.env.max_episode_steps}
+    if task.name in ("lift", "can"):
+        kwargs["cameras"] = tuple(k[: -len("_image")] for k in image_keys)
     if image_size is not None:
         kwargs["image_size"] = image_size
     return kwargs

@@ -7,9 +7,10 @@ Glossary: To = n_obs_steps, T = horizon, Ta = n_action_steps, Da = action_dim.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
@@ -21,8 +22,10 @@ from .vision.vit import ViTConfig
 
 @dataclass
 class PolicyConfig:
-    # filled from the task: key -> shape; images are (C, H, W), low-dim (D,)
-    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    name: str = ""  # the registry name; each policy's config sets it
+    # From the task (the training config interpolates them from task.*): key -> shape, images
+    # (C, H, W), low-dim (D,); a None entry is dropped
+    input_shapes: dict[str, Optional[list[int]]] = field(default_factory=dict)
     action_dim: int = 2
     n_obs_steps: int = 2  # To
     # camera frames among the To steps (the latest ones); None: all To. 1 keeps the encoder's cost
@@ -37,7 +40,7 @@ class PolicyConfig:
     def __post_init__(self):
         if isinstance(self.vit, dict):
             self.vit = ViTConfig(**self.vit)
-        self.input_shapes = {k: list(v) for k, v in self.input_shapes.items()}
+        self.input_shapes = {k: list(v) for k, v in self.input_shapes.items() if v is not None}
         for name in ("n_obs_steps", "horizon", "n_action_steps", "action_dim", "crop_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"policy.{name} must be >= 1, got {getattr(self, name)}")
@@ -55,6 +58,14 @@ class PolicyConfig:
             c, h, w = self.input_shapes[key]
             if self.crop_size > min(h, w):
                 raise ValueError(f"policy.crop_size ({self.crop_size}) is larger than camera {key!r} ({h}x{w})")
+        if self.crop_size < self.vit.patch_size:
+            raise ValueError(f"task.crop_size ({self.crop_size}) is smaller than one {self.vit.patch_size}-px patch; "
+                             "lower policy.vit.patch_size or raise the crop")
+        if self.crop_size % self.vit.patch_size:
+            warnings.warn(f"task.crop_size {self.crop_size} is not a multiple of the {self.vit.patch_size}-px patch: "
+                          f"the last {self.crop_size % self.vit.patch_size} pixel rows and columns are never seen")
+        # the patch grid of the training crop: the learned position embedding is made for it
+        self.vit.base_grid = (self.crop_size // self.vit.patch_size,) * 2
 
     @property
     def image_obs_steps(self) -> int:
@@ -141,13 +152,13 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-def _load_builtin_policies() -> None:
+def load_builtin_policies() -> None:
     # importing the folders registers them; adding a policy = one folder + one import here
     from . import bc, diffusion  # noqa: F401
 
 
 def get_policy_class(name: str) -> type[Policy]:
-    _load_builtin_policies()
+    load_builtin_policies()
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(sorted(POLICIES))}")
     return POLICIES[name]
@@ -162,26 +173,11 @@ def make_policy_config(name: str, **fields) -> PolicyConfig:
     return cls(**fields)
 
 
-def make_policy(name: str, config: PolicyConfig | dict, stats=None) -> Policy:
+def make_policy(config: PolicyConfig | dict, stats=None, name: str | None = None) -> Policy:
+    """Build the policy a config names (a dict, as read from a checkpoint, needs ``name``)."""
     if isinstance(config, dict):
-        config = make_policy_config(name, **config)
-    policy = get_policy_class(name)(config)
+        config = make_policy_config(name or config["name"], **{k: v for k, v in config.items() if k != "name"})
+    policy = get_policy_class(config.name)(config)
     if stats is not None:
         policy.set_normalization(stats)
     return policy
-
-
-def policy_from_cfg(cfg: dict) -> tuple[str, PolicyConfig]:
-    """Combine the three config axes (task, policy, attention) into one typed policy config."""
-    fields = {k: v for k, v in dict(cfg["policy"]).items() if k != "name"}
-    task = cfg["task"]
-    fields["input_shapes"] = {k: list(v) for k, v in task["input_shapes"].items()}
-    fields["action_dim"] = task["action_dim"]
-    fields["crop_size"] = task["crop_size"]
-    vit = dict(fields.get("vit", {}))
-    patch = vit.get("patch_size", ViTConfig.patch_size)
-    vit["base_grid"] = [task["crop_size"] // patch] * 2
-    vit["attention"] = dict(cfg["attention"])
-    fields["vit"] = vit
-    name = cfg["policy"]["name"]
-    return name, make_policy_config(name, **fields)

@@ -121,17 +121,58 @@ def save_checkpoint(path, policy: Policy, cfg: dict | None = None, training_stat
     return final
 
 
+def clean_stale_writes(directory: Path) -> None:
+    """Finish or drop the writes a kill interrupted (``.NAME.tmp-PID`` / ``.NAME.old-PID`` siblings).
+
+    A kill between the two renames of ``_commit_dir`` leaves the previous checkpoint as ``.old-*``
+    and no final directory: it is complete, so it is put back. Everything else stale is deleted.
+    """
+    for stale in sorted(Path(directory).glob(".*.old-*")):
+        final = stale.with_name(stale.name[1:].rsplit(".old-", 1)[0])
+        if not final.exists() and is_complete(stale):
+            os.replace(stale, final)
+        else:
+            shutil.rmtree(stale, ignore_errors=True)
+    for stale in Path(directory).glob(".*.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 # --- reading ----------------------------------------------------------------------------------
+CHECKPOINT_FILES = ("model.safetensors", "config.json", "training_state.safetensors", "training_state.json")
+
+
+def is_complete(path: Path) -> bool:
+    return all((Path(path) / f).is_file() for f in CHECKPOINT_FILES)
+
+
+def newest_checkpoint(checkpoints_dir) -> Path | None:
+    """The complete checkpoint of the highest step in a run's checkpoints/ (``last`` on a tie)."""
+    best, best_step = None, -1
+    root = Path(checkpoints_dir)
+    candidates = [root / "last", *sorted(root.glob("step_*"))] if root.is_dir() else []
+    for c in candidates:
+        if not is_complete(c):
+            continue
+        try:
+            step = int(json.loads((c / "training_state.json").read_text())["__dict__"]["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if step > best_step:
+            best, best_step = c, step
+    return best
+
+
 def resolve_checkpoint(path) -> Path:
     """A checkpoint directory, or a run directory (its checkpoints/last is used)."""
     p = Path(path)
     if (p / "model.safetensors").exists():
         return p
-    last = p / "checkpoints" / "last"
-    if (last / "model.safetensors").exists():
-        return last
-    if (p / "last" / "model.safetensors").exists():
-        return p / "last"
+    for checkpoints in (p / "checkpoints", p):  # a run directory, or its checkpoints/ folder
+        newest = newest_checkpoint(checkpoints)
+        if newest is not None:
+            return newest
+        if (checkpoints / "last" / "model.safetensors").exists():
+            return checkpoints / "last"
     raise FileNotFoundError(
         f"no checkpoint at {p}: expected {p}/model.safetensors (a checkpoint directory) or "
         f"{p}/checkpoints/last (a training run directory); train one with python train_policy.py"
@@ -150,8 +191,8 @@ def load_policy(path, device="cpu", expected_policy: str | None = None, **config
         raise ValueError(f"checkpoint {ckpt} holds a {meta['policy']!r} policy, not the requested {expected_policy!r}")
     config = dict(meta["policy_config"])
     config.update(config_overrides)
-    policy = make_policy(meta["policy"], config)
-    state = load_file(str(ckpt / "model.safetensors"))
+    policy = make_policy(config, name=meta["policy"])
+    state = _load_tensors(ckpt / "model.safetensors")
     missing, unexpected = policy.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(
@@ -164,4 +205,12 @@ def load_policy(path, device="cpu", expected_policy: str | None = None, **config
 def load_training_state(path) -> dict:
     ckpt = resolve_checkpoint(path)
     skeleton = json.loads((ckpt / "training_state.json").read_text())
-    return unflatten_state(skeleton, load_file(str(ckpt / "training_state.safetensors")))
+    return unflatten_state(skeleton, _load_tensors(ckpt / "training_state.safetensors"))
+
+
+def _load_tensors(path: Path) -> dict:
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own SafetensorError for a truncated file
+        raise ValueError(f"{path} is unreadable ({type(exc).__name__}: {exc}); the file is damaged, "
+                         f"evaluate or resume another checkpoint of the run") from None

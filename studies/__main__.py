@@ -32,25 +32,24 @@ ROW_KEYS = ("task", "policy", "attention", "steps", "extra")
 EFFICIENCY_KEYS = ("task", "policy", "attention", "steps", "demos", "extra")
 
 
-def cell_extra(args, budget, task, extra=()) -> list[str]:
-    """Training overrides of a cell: the budget's per-task recipe, then the command line's, then the study's."""
-    return list(budget.get("overrides", {}).get(task, [])) + list(args.extra) + list(extra)
+def cell_extra(args, budget, extra=()) -> list[str]:
+    """Overrides of a cell on top of its recipe: the budget's, the command line's, then the study's."""
+    return list(budget.get("overrides", [])) + list(args.extra) + list(extra)
 
 
-def steps_for(budget, task: str, policy: str) -> int:
-    """Training steps of a cell: the budget gives one number per task, or one per task and policy."""
-    steps = budget["steps"][task]
-    return int(steps[policy]) if isinstance(steps, dict) else int(steps)
+def make_cell(args, budget, task: str, policy: str, attention: str, seed: int, extra=()) -> Cell:
+    return Cell(task, policy, attention, seed, budget["recipe"], cell_extra(args, budget, extra))
 
 
-def row_id(args, budget, task: str, policy: str, attention: str) -> dict:
-    """The ROW_KEYS fields of a table row, so reruns with another recipe get rows of their own."""
-    return {"task": task, "policy": policy, "attention": attention, "steps": steps_for(budget, task, policy),
-            "extra": " ".join(args.extra)}
+def row_id(args, budget, task: str, policy: str, attention: str, label: str | None = None) -> dict:
+    """The ROW_KEYS fields of a table row, so reruns with other overrides get rows of their own."""
+    steps = make_cell(args, budget, task, policy, attention, budget["seeds"][0]).config().train.steps
+    return {"task": task, "policy": policy, "attention": label or attention, "steps": steps,
+            "extra": " ".join(cell_extra(args, budget))}
 
 
 def cells_for(args, task, budget, extra=()):
-    return [Cell(task, p, a, s, steps_for(budget, task, p), budget["batch_size"], cell_extra(args, budget, task, extra))
+    return [make_cell(args, budget, task, p, a, s, extra)
             for p in budget["policies"] for a in budget["attentions"] for s in budget["seeds"]]
 
 
@@ -102,7 +101,7 @@ def run_data_efficiency(args, budget):
     for t in args.tasks:
         for n in tqdm(budget["demos"], desc=f"data efficiency {t}", unit="size"):
             for c_att in budget["attentions"]:
-                group = [Cell(t, p, c_att, s, steps_for(budget, t, p), budget["batch_size"], cell_extra(args, budget, t, [f"train.max_episodes={n}"]))
+                group = [make_cell(args, budget, t, p, c_att, s, [f"train.max_episodes={n}"])
                          for p in budget["policies"][:1] for s in budget["seeds"]]
                 for c in group:
                     train_cell(c, log=tqdm.write)
@@ -206,7 +205,7 @@ def run_resolution(args, budget):
                 # keep each cell's training window (N // 3 of the training grid), not the larger grid's
                 windows = {c.key: fib_train_window(c) for c in group} if a == "fibottention" else {}
                 for label, variant in variants:
-                    row = {**row_id(args, budget, t, p, label), "rates": {}}
+                    row = {**row_id(args, budget, t, p, a, label), "rates": {}}
                     for size in EVAL_SIZES[t]:
                         kw = dict(eval_kwargs(args, budget), image_size=size)
                         if variant == "slope":  # the paper lowers the global slope on larger images
@@ -245,6 +244,7 @@ def run_resolution(args, budget):
 
 
 def run_diversity(args, budget):
+    from core.config import TaskConfig, from_dict
     from datasets.factory import make_dataset
     from policies.checkpoint import load_policy, read_checkpoint_meta
     from policies.obs_encoder import crop_images
@@ -256,7 +256,7 @@ def run_diversity(args, budget):
         for c in cells:
             train_cell(c, log=tqdm.write)
         meta = read_checkpoint_meta(cells[0].run_dir / "checkpoints" / "last")
-        data = make_dataset(meta["cfg"]["task"])
+        data = make_dataset(from_dict(TaskConfig, meta["cfg"]["task"]), meta["policy_config"]["input_shapes"])
         idx = np.linspace(0, data.num_frames - 1, 32).astype(int)
         for c in cells:
             policy = load_policy(c.run_dir / "checkpoints" / "last")
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--policies", help="override the budget's policies, comma-separated (bc,diffusion)")
     parser.add_argument("--attentions", help="override the budget's attention kinds (full,fibottention,lookhere,lookhere:45)")
     parser.add_argument("--max-steps", type=int, help="cap evaluation episodes at this many steps")
-    parser.add_argument("--steps", type=int, help="override the budget's training steps (every task)")
+    parser.add_argument("--steps", type=int, help="override the recipe's training steps (every task)")
     parser.add_argument("--episodes", type=int, help="override the budget's evaluation episodes per seed")
     parser.add_argument("--seeds", help="override the budget's training seeds, comma-separated")
     parser.add_argument("--results", default=str(common.RESULTS), help="results root (default results/)")
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None):
     if args.attentions:
         budget["attentions"] = args.attentions.split(",")
     if args.steps:
-        budget["steps"] = {t: args.steps for t in budget["steps"]}
+        budget["overrides"] = list(budget.get("overrides", [])) + [f"train.steps={args.steps}"]
     if args.episodes:
         budget["episodes"] = args.episodes
     if args.seeds:
@@ -337,8 +337,8 @@ def main(argv: list[str] | None = None):
 
 
 # seconds-long end-to-end runs for the tests
-TINY = {"seeds": [0], "episodes": 1, "workers": 0, "steps": {"lift": 2, "can": 2, "pusht": 2}, "batch_size": 4,
-        "demos": [2], "policies": ["bc"], "attentions": ["full", "lookhere"]}
+TINY = {"recipe": "none", "seeds": [0], "episodes": 1, "workers": 0, "demos": [2], "policies": ["bc"],
+        "attentions": ["full", "lookhere"], "overrides": ["train.steps=2", "train.batch_size=4", "train.checkpoint_every=2"]}
 
 if __name__ == "__main__":
     main()

@@ -20,41 +20,23 @@ CELLS = RESULTS / "cells"  # checkpoints live here and stay out of git
 BUDGET_NAME = "full"  # set by the CLI; tables merge rows only within one budget
 COMMAND = ""  # the study's command line, set by the CLI
 
-# Budgets: "small" fits a 2-core CPU machine; "full" is the protocol for a GPU.
+# Budgets: "small" fits a 2-core CPU machine; "full" is the protocol for a GPU. What a cell trains
+# comes from the budget's recipe (configs/recipe/): the studies add only what they vary.
 BUDGETS = {
     "small": {
+        "recipe": "cpu",
         "seeds": [0],
         "episodes": 50,
         "workers": 2,
-        "steps": {"lift": {"bc": 4000, "diffusion": 4000}, "can": 15000, "pusht": 9000},
-        "batch_size": 64,
         "demos": [10, 25, 50],
         "policies": ["bc"],
         "attentions": ["full", "fibottention", "lookhere"],
-        # CPU recipe per task, one torch thread per process (two processes share the two cores).
-        # Two observation steps for the low-dim state (velocities: is the gripper still closing, is
-        # the arm rising?) but the camera only at the latest step, so the encoder costs one frame.
-        # Lift sees only the agentview camera, as the calibration prototype did, and uncropped: with
-        # a fixed camera a random 76/84 crop moves the cube by as much as the cube's own placement
-        # range, and BC plateaued at 72-82% with it (100% without, same 4000 steps).
-        "overrides": {
-            "lift": ["~task.input_shapes.robot0_eye_in_hand_image", "policy.n_image_obs_steps=1", "train.num_threads=1",
-                     "task.crop_size=84"],
-            # Can with both cameras, uncropped: the agentview camera alone reached 16% after 6000 steps
-            # (failures ran out the 400-step limit). 12-px patches give each camera 7x7 tokens, so two
-            # cameras cost about what one did with 8-px patches (10x10).
-            "can": ["policy.n_image_obs_steps=1", "train.num_threads=1", "task.crop_size=84", "policy.vit.patch_size=12"],
-            # PushT: the whole 96x96 frame (the goal T is drawn at a fixed place) in 12-px patches, so
-            # 64 tokens instead of 100 buy 9000 steps in the time 6000 would take.
-            "pusht": ["policy.n_image_obs_steps=1", "train.num_threads=1", "task.crop_size=96", "policy.vit.patch_size=12"],
-        },
     },
     "full": {
+        "recipe": "paper",
         "seeds": [0, 1, 2],
         "episodes": 50,
         "workers": 8,
-        "steps": {"lift": 30000, "can": 60000, "pusht": 100000},
-        "batch_size": 64,
         "demos": [25, 50, 100, 200],
         "policies": ["bc", "diffusion"],
         "attentions": ["full", "fibottention", "lookhere"],
@@ -71,28 +53,26 @@ def git_commit() -> str:
 
 @dataclass
 class Cell:
+    """One training run: the recipe's config for (task, policy, attention, seed), plus ``extra`` overrides."""
+
     task: str
     policy: str
-    attention: str
+    attention: str  # "lookhere:45" selects a LookHere variant
     seed: int
-    steps: int
-    batch_size: int = 64
+    recipe: str = "cpu"
     extra: list[str] = field(default_factory=list)
 
     def overrides(self) -> list[str]:
-        att = self.attention.split(":")  # "lookhere:45" selects a LookHere variant
-        every = max(1, self.steps // 4)
-        # a long cell checkpoints every 2000 steps, so an interruption loses little; the 2500 threshold
-        # leaves the overrides (and so the cache keys) of the existing <= 10000-step cells unchanged
-        if every > 2500:
-            every = 2000
-        ovr = [f"task={self.task}", f"policy={self.policy}", f"attention={att[0]}", f"seed={self.seed}",
-               f"train.steps={self.steps}", f"train.batch_size={self.batch_size}",
-               f"train.checkpoint_every={every}", f"train.val_every={max(1, self.steps // 10)}",
-               "eval.num_episodes=0"]
-        if len(att) > 1:
-            ovr.append(f"attention.variant={att[1]}")
-        return ovr + list(self.extra)
+        kind, *variant = self.attention.split(":")
+        ovr = [f"task={self.task}", f"policy={self.policy}", f"attention={kind}", f"recipe={self.recipe}",
+               f"seed={self.seed}", "eval.num_episodes=0"]
+        return ovr + [f"attention.variant={v}" for v in variant] + list(self.extra)
+
+    def config(self):
+        """The composed training config, exactly as ``train_policy.py <overrides>`` builds it."""
+        from core.config import compose
+
+        return compose("config", self.overrides() + [f"run_dir={self.run_dir}"])
 
     @property
     def key(self) -> str:
@@ -105,22 +85,23 @@ class Cell:
 
 
 def train_cell(cell: Cell, log=print) -> Path:
-    """Train (or resume, or skip) one cell; returns its last checkpoint."""
-    from common.config import compose_config
-    from policies.checkpoint import load_training_state
-    from train_policy import train
+    """Train (or resume, or skip) one cell; returns its newest checkpoint."""
+    from dataclasses import replace
 
-    last = cell.run_dir / "checkpoints" / "last"
+    from core.training import train
+    from policies.checkpoint import load_training_state, newest_checkpoint
+
+    cfg = cell.config()
+    last = newest_checkpoint(cell.run_dir / "checkpoints")
     resume, timed = False, True
-    if (last / "training_state.json").exists():
+    if last is not None:
         state = load_training_state(last)
-        if int(state["step"]) >= cell.steps:
+        if int(state["step"]) >= cfg.train.steps:
             return last
         resume = True
         timed = "train_seconds" in state  # checkpoints older than the running total give a partial time
         log(f"resuming {cell.key} at step {state['step']}")
-    cfg = compose_config(cell.overrides() + [f"run_dir={cell.run_dir}", f"resume={str(resume).lower()}"])
-    result = train(cfg)
+    result = train(replace(cfg, resume=resume))
     if timed:  # wall time summed over the interrupted run and its resumptions
         info = {"train_seconds": result.train_seconds, "overrides": cell.overrides(), "resumed": resume}
         (cell.run_dir / "train_info.json").write_text(json.dumps(info, indent=2))
@@ -129,15 +110,17 @@ def train_cell(cell: Cell, log=print) -> Path:
 
 def eval_cell(cell: Cell, name: str, **kwargs) -> dict:
     """Evaluate a trained cell once per (name, settings); cached in the cell's evals/ folder."""
-    from rollout import evaluate_checkpoint
+    from core.evaluation import evaluate_checkpoint
 
     path = cell.run_dir / "evals" / f"{name}.json"
     if path.exists():
         return json.loads(path.read_text())
-    summary = evaluate_checkpoint(cell.run_dir / "checkpoints" / "last", out_dir=None, num_videos=0, **kwargs)
+    summary = evaluate_checkpoint(cell.run_dir, out_dir=None, num_videos=0, **kwargs)
     summary.pop("episodes", None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=2))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(path)
     return summary
 
 
@@ -148,7 +131,7 @@ def train_seconds(cell: Cell) -> float | None:
 
 def pooled(summaries: list[dict]) -> dict:
     """Pool episodes over training seeds: successes / episodes with a Wilson interval."""
-    from rollout import wilson_interval
+    from core.evaluation import wilson_interval
 
     n = sum(s["num_episodes"] for s in summaries)
     k = sum(s["successes"] for s in summaries)

@@ -1,16 +1,17 @@
 """Replay-buffer round trips, the window sampler and the dataset CLIs."""
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import zarr
 
-from datasets import inspect as inspect_cli
+from datasets import describe as describe_cli
 from datasets.episodes import EpisodeData, atomic_output
 from datasets.factory import make_dataset
 from datasets.sampler import SequenceDataset, compute_stats, split_episodes, window_indices
 from datasets.zarr_replay import read_pusht_zarr, write_pusht_zarr
-from tests.conftest import pusht_episodes
+from tests.helpers import pusht_episodes
 
 
 @pytest.mark.parametrize("img_dtype", [np.uint8, np.float32])
@@ -66,16 +67,20 @@ def test_wrong_layout_lists_expected_and_found(tmp_path):
         read_pusht_zarr(tmp_path / "w.zarr")
 
 
+def _task(name, path, fmt, input_shapes, action_dim):
+    """The fields of a TaskConfig that make_dataset reads."""
+    return SimpleNamespace(name=name, dataset=SimpleNamespace(path=str(path), format=fmt),
+                           input_shapes=input_shapes, action_dim=action_dim)
+
+
 def test_missing_dataset_names_generate_command(tmp_path):
-    task = {"name": "pusht", "dataset": {"path": str(tmp_path / "nope.zarr"), "format": "pusht_zarr"},
-            "input_shapes": {"image": [3, 96, 96]}, "action_dim": 2}
+    task = _task("pusht", tmp_path / "nope.zarr", "pusht_zarr", {"image": [3, 96, 96]}, 2)
     with pytest.raises(FileNotFoundError, match="python -m datasets.generate task=pusht num_episodes=200 out=.*nope.zarr"):
         make_dataset(task)
 
 
 def test_dataset_for_another_task_names_the_mismatch(tiny_pusht_zarr):
-    task = {"name": "lift", "dataset": {"path": str(tiny_pusht_zarr), "format": "pusht_zarr"},
-            "input_shapes": {"agentview_image": [3, 84, 84]}, "action_dim": 7}
+    task = _task("lift", tiny_pusht_zarr, "pusht_zarr", {"agentview_image": [3, 84, 84]}, 7)
     with pytest.raises(ValueError, match=r"does not fit task 'lift': it lacks \['agentview_image'\]"):
         make_dataset(task)
 
@@ -113,16 +118,17 @@ def test_split_by_episode_and_stats():
     assert s["action"]["min"].tolist() == [4.0] and s["action"]["max"].tolist() == [9.0]
 
 
-def test_inspect_cli_json(tiny_pusht_zarr, capsys):
-    assert inspect_cli.main([str(tiny_pusht_zarr), "--json"]) == 0
+def test_describe_cli_json(tiny_pusht_zarr, capsys):
+    assert describe_cli.main([str(tiny_pusht_zarr), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["episodes"] == 3 and info["frames"] == 36
-    assert info["keys"]["data/img"] == {"shape": [36, 96, 96, 3], "dtype": "uint8"}
+    assert info["keys"]["data/img"] == {"shape": [36, 96, 96, 3], "dtype": "uint8", "image": "uint8 0-255"}
+    assert info["valid"] and info["problems"] == []
     assert len(info["action_min"]) == 2
-    assert inspect_cli.main([str(tiny_pusht_zarr)]) == 0
+    assert describe_cli.main([str(tiny_pusht_zarr)]) == 0
     assert "episodes: 3" in capsys.readouterr().out
 
 
-def test_inspect_missing_file_is_a_clear_error(tmp_path, capsys):
-    assert inspect_cli.main([str(tmp_path / "none.zarr")]) == 2
+def test_describe_missing_file_is_a_clear_error(tmp_path, capsys):
+    assert describe_cli.main([str(tmp_path / "none.zarr")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -8,14 +8,14 @@ import torch
 from safetensors.torch import load_file
 
 from policies.checkpoint import load_training_state
-from tests.conftest import REPO, tiny_train_cfg
-from train_policy import train
+from core.training import train
+from tests.helpers import REPO, tiny_train_cfg
 
 
 def test_two_process_gloo_training_then_single_process_resume(tmp_path, tiny_pusht_zarr):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
-           str(REPO / "tests" / "ddp_worker.py"), str(tmp_path), str(tiny_pusht_zarr), "train.steps=3", "train.checkpoint_every=3"]
+           "-m", "tests.ddp_worker", str(tmp_path), str(tiny_pusht_zarr), "train.steps=3", "train.checkpoint_every=3"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0 = load_file(str(tmp_path / "params_rank0.safetensors"))

@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-import rollout
+from core.evaluation import evaluate_checkpoint
+from core.training import train
+from datasets.describe import describe
 from datasets.generate import generate
-from datasets.inspect import describe
-from tests.conftest import TINY_POLICY, compose
-from train_policy import train
+from tests.helpers import TINY_POLICY, compose
 
 
 def _two_demos(tmp_path_factory, task):
@@ -23,7 +23,7 @@ def two_demo_lift(tmp_path_factory):
 
 
 def _train_and_roll_out(tmp_path, task, dataset, policy):
-    overrides = [f"task={task}", f"policy={policy}", "attention=lookhere", f"task.dataset.path={dataset}",
+    overrides = [f"task={task}", f"policy={policy}", "attention=lookhere", "recipe=none", f"task.dataset.path={dataset}",
                  f"run_dir={tmp_path / 'run'}", "train.steps=1", "train.batch_size=4", "train.warmup_steps=1",
                  "train.val_fraction=0.5", "train.checkpoint_every=1", *TINY_POLICY]
     if policy == "diffusion":
@@ -31,7 +31,7 @@ def _train_and_roll_out(tmp_path, task, dataset, policy):
     result = train(compose(overrides))
     assert result.step == 1
     assert len(result.policy.obs_encoder.vits) == 2  # one ViT per camera by default
-    s = rollout.evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=5, out_dir=tmp_path / "eval", num_videos=1, progress=False)
+    s = evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=5, out_dir=tmp_path / "eval", num_videos=1, progress=False)
     assert s["episodes"][0]["steps"] == 5 and s["task"] == task
     assert json.loads((tmp_path / "eval" / "summary.json").read_text())["num_episodes"] == 1
     assert (tmp_path / "eval" / "videos" / "episode_100000.mp4").stat().st_size > 0

@@ -70,7 +70,9 @@ def test_round_trip_layout_and_read(tmp_path, episodes):
 
     info = describe_robomimic_hdf5(path)
     assert info["episodes"] == 2 and info["frames"] == 12 and info["env_name"] == "Lift"
-    assert info["keys"]["obs/agentview_image"] == {"shape": [8, 8, 3], "dtype": "uint8", "compression": "gzip"}
+    assert info["keys"]["obs/agentview_image"] == {"shape": [8, 8, 3], "dtype": "uint8", "compression": "gzip",
+                                                   "image": "uint8 0-255"}
+    assert info["valid"] and info["problems"] == []
     assert len(info["action_min"]) == 7
 
 

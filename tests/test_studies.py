@@ -15,7 +15,7 @@ TINY_ARGS = ["--budget", "tiny", "--tasks", "pusht", "--max-steps", "3"]
 
 @pytest.fixture
 def tiny_extra(tiny_pusht_zarr):
-    from tests.conftest import TINY_POLICY
+    from tests.helpers import TINY_POLICY
 
     return [f"task.dataset.path={tiny_pusht_zarr}", "train.val_fraction=0.34", *TINY_POLICY]
 
@@ -25,7 +25,7 @@ def test_study_runs_end_to_end_and_writes_its_table(study, tmp_path, tiny_extra)
     out = studies_main([study, *TINY_ARGS, "--results", str(tmp_path / "results"), *tiny_extra])
     table = (out / "table.md").read_text()
     data = json.loads((out / "results.json").read_text())
-    assert "python -m studies" in data["command"] or "studies" in data["command"]
+    assert data["command"].startswith(f"python -m studies {study} --budget tiny --tasks pusht")
     assert data["rows"], table
     assert (out / "plot.png").stat().st_size > 1000
     if study == "main":
@@ -120,19 +120,51 @@ def test_cka_is_invariant_to_rotation_and_scale():
     assert linear_cka(x, 3.0 * x @ q) == pytest.approx(1.0)
 
 
-def test_budget_recipe_and_command_line_overrides_reach_every_cell():
+def test_budget_and_command_line_overrides_reach_every_cell():
     import argparse
 
-    from studies.__main__ import cells_for, steps_for
+    from studies.__main__ import cells_for
 
-    budget = {"seeds": [0, 1], "steps": {"lift": {"bc": 50, "diffusion": 70}, "pusht": 30}, "batch_size": 8,
-              "policies": ["bc", "diffusion"], "attentions": ["full"],
-              "overrides": {"lift": ["policy.n_obs_steps=1"]}}
+    budget = {"recipe": "cpu", "seeds": [0, 1], "policies": ["bc", "diffusion"], "attentions": ["full"],
+              "overrides": ["policy.n_obs_steps=1"]}
     args = argparse.Namespace(extra=["train.lr=1e-3"])
     cells = cells_for(args, "lift", budget, extra=["train.max_episodes=5"])
-    assert [(c.policy, c.seed, c.steps) for c in cells] == [("bc", 0, 50), ("bc", 1, 50), ("diffusion", 0, 70), ("diffusion", 1, 70)]
-    # recipe first, then the command line, then the study's own: later overrides win in Hydra
+    assert [(c.policy, c.seed) for c in cells] == [("bc", 0), ("bc", 1), ("diffusion", 0), ("diffusion", 1)]
+    # budget first, then the command line, then the study's own: later overrides win in Hydra
     assert cells[0].overrides()[-3:] == ["policy.n_obs_steps=1", "train.lr=1e-3", "train.max_episodes=5"]
-    assert steps_for(budget, "pusht", "diffusion") == 30
-    assert cells_for(args, "pusht", budget)[0].overrides()[-1] == "train.lr=1e-3"
+    cfg = cells[0].config()
+    assert (cfg.policy.n_obs_steps, cfg.train.lr, cfg.train.max_episodes) == (1, 1e-3, 5)
+    assert [c.config().train.steps for c in cells] == [4000, 4000, 5000, 5000]  # from configs/recipe/by_policy/cpu/
     assert len({c.key for c in cells}) == 4
+
+
+@pytest.mark.parametrize("task, policy, attention", [("lift", "bc", "fibottention"), ("lift", "bc", "lookhere"),
+                                                     ("can", "bc", "full"), ("pusht", "diffusion", "lookhere")])
+def test_a_study_cell_trains_exactly_what_the_recipe_command_trains(task, policy, attention, tmp_path):
+    """`python train_policy.py task=T policy=P attention=A recipe=cpu` == the small-budget study cell."""
+    import argparse
+
+    from core.config import compose, to_dict
+    from studies.__main__ import make_cell
+
+    cell = make_cell(argparse.Namespace(extra=[]), common.BUDGETS["small"], task, policy, attention, 0)
+    user = compose("config", [f"task={task}", f"policy={policy}", f"attention={attention}", "recipe=cpu",
+                              f"run_dir={cell.run_dir}", "eval.num_episodes=0"])
+    assert to_dict(cell.config()) == to_dict(user)
+
+
+def test_the_cpu_recipes_hold_what_the_studies_measured():
+    from core.config import compose
+
+    lift_fib = compose("config", ["task=lift", "policy=bc", "attention=fibottention", "recipe=cpu"])
+    assert list(lift_fib.policy.input_shapes) == ["agentview_image", "robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos"]
+    assert (lift_fib.task.crop_size, lift_fib.train.steps, lift_fib.policy.n_image_obs_steps, lift_fib.train.num_threads) == (84, 4000, 1, 1)
+    lift_lh = compose("config", ["task=lift", "policy=bc", "attention=lookhere", "recipe=cpu"])
+    assert "robot0_eye_in_hand_image" in lift_lh.policy.input_shapes
+    assert (lift_lh.policy.vit.patch_size, lift_lh.policy.vit.pool) == (12, "spatial_softmax")
+    assert lift_lh.policy.vit.attention.rotate_directions and lift_lh.policy.vit.attention.global_slope == 0.25
+    pusht = compose("config", ["task=pusht", "policy=diffusion", "attention=full", "recipe=cpu"])
+    assert (pusht.policy.prediction_type, pusht.policy.down_dims, pusht.train.steps) == ("sample", [32, 64, 128], 15000)
+    assert pusht.task.dataset.path == "data/pusht/demos1000.zarr"
+    bare = compose("config", ["task=lift", "policy=bc", "attention=full", "recipe=none"])
+    assert (bare.task.crop_size, bare.train.steps, len(bare.policy.input_shapes)) == (76, 20000, 5)

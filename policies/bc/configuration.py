@@ -22,6 +22,8 @@ class BCConfig(PolicyConfig):
     The chunk is executed ``n_action_steps`` at a time, as the diffusion policy does.
     """
 
+    name: str = "bc"
+
     head: str = "mlp"  # mlp | gmm
     hidden_dims: list[int] = field(default_factory=lambda: [256, 256])
     dropout: float = 0.0

@@ -11,7 +11,7 @@ from .heads import GMMHead, MLPHead
 
 @register_policy
 class BCPolicy(Policy):
-    name = "bc"
+    name = BCConfig.name
     config_class = BCConfig
 
     def __init__(self, config: BCConfig):

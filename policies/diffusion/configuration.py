@@ -11,6 +11,8 @@ PREDICTION_TYPES = ("epsilon", "sample")
 class DiffusionConfig(PolicyConfig):
     """CNN Diffusion Policy (Chi et al., 2023) with a ViT observation encoder."""
 
+    name: str = "diffusion"
+
     # 1D temporal U-Net; small by default so it trains on a CPU (the paper uses 256/512/1024)
     down_dims: list[int] = field(default_factory=lambda: [64, 128, 256])
     kernel_size: int = 5

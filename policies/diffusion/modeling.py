@@ -12,7 +12,7 @@ from .unet1d import ConditionalUnet1D
 
 @register_policy
 class DiffusionPolicy(Policy):
-    name = "diffusion"
+    name = DiffusionConfig.name
     config_class = DiffusionConfig
 
     def __init__(self, config: DiffusionConfig):

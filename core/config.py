@@ -1,0 +1,252 @@
+"""The one typed config tree of the package, parsed the same way by every command.
+
+Every default is written once, in a dataclass here (train, eval, task, rollout, generation) or
+beside its module (``PolicyConfig`` subclasses in ``policies/<name>/configuration.py``,
+``AttentionConfig`` in ``policies/vision/attention.py``). The dataclasses are registered with
+Hydra's ConfigStore; the YAML files under ``configs/`` only select and override:
+
+    configs/config.yaml      training: task x policy x attention x recipe
+    configs/task/*.yaml      each task's data (cameras, action size, dataset path)
+    configs/recipe/          what the package has measured (cpu, paper), per task and policy
+    configs/rollout.yaml     rollout.py            configs/generate.yaml   python -m datasets.generate
+
+Composition refuses unknown keys and wrong types with the field's name (OmegaConf validates
+against the dataclasses); ``to_object`` then builds the dataclasses, whose ``__post_init__``
+refuses values that can never work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from envs.factory import EVAL_SEED_START  # demonstrations use seeds below it, evaluation from it
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _at_least(owner: str, obj, names: tuple[str, ...], low: int) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < low:
+            raise ValueError(f"{owner + '.' if owner else ''}{name} must be >= {low}, got {value}")
+
+
+# --- task ---------------------------------------------------------------------------------------
+@dataclass
+class DatasetConfig:
+    format: str = MISSING  # pusht_zarr | robomimic_hdf5
+    path: str = MISSING
+
+
+@dataclass
+class EnvConfig:
+    max_episode_steps: int = MISSING
+
+
+@dataclass
+class TaskConfig:
+    name: str = MISSING  # pusht | lift | can
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    # what the policy reads: images (C, H, W) as rendered, low-dim (D,); a null entry drops that
+    # key (a recipe's way to leave out a camera the task offers)
+    input_shapes: dict[str, Optional[list[int]]] = field(default_factory=dict)
+    action_dim: int = MISSING
+    crop_size: int = MISSING  # random crop in training, centre crop at evaluation; = image size: no crop
+    fps: int = 10  # of the rollout videos
+    env: EnvConfig = field(default_factory=EnvConfig)
+
+    def __post_init__(self):
+        self.input_shapes = {k: list(v) for k, v in self.input_shapes.items() if v is not None}
+        if not self.input_shapes:
+            raise ValueError(f"task.input_shapes of {self.name!r} is empty: the policy would observe nothing")
+        _at_least("task", self, ("action_dim", "crop_size", "fps"), 1)
+        _at_least("task.env", self.env, ("max_episode_steps",), 1)
+
+
+# --- training -----------------------------------------------------------------------------------
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20000
+    batch_size: int = 64  # effective (global) batch: split over torchrun's processes
+    scale_lr_with_world_size: bool = False  # true: every process takes batch_size and lr x process count
+    lr: float = 3.0e-4
+    weight_decay: float = 1.0e-4
+    warmup_steps: int = 500
+    grad_clip: float = 1.0
+    ema: bool = True
+    ema_power: float = 0.75  # diffusers EMAModel warm-up power (Diffusion Policy's value)
+    ema_max_decay: float = 0.9999
+    val_fraction: float = 0.05
+    num_workers: int = 0
+    log_every: int = 50
+    val_every: int = 1000
+    checkpoint_every: int = 2000
+    max_episodes: Optional[int] = None  # use only the first N demonstrations (data-efficiency studies)
+    num_threads: Optional[int] = None  # torch intra-op threads on CPU (None: torch's default)
+    precision: str = "fp32"  # fp32 | bf16 (autocast; for GPUs)
+    compile: bool = False  # torch.compile the loss computation
+
+    def __post_init__(self):
+        _at_least("train", self, ("steps", "batch_size", "log_every", "val_every", "checkpoint_every",
+                                  "max_episodes", "num_threads"), 1)
+        _at_least("train", self, ("warmup_steps", "num_workers"), 0)
+        if not self.lr > 0:
+            raise ValueError(f"train.lr must be > 0, got {self.lr}")
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"train.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision={self.precision!r} is unknown; choose one of {', '.join(PRECISIONS)}")
+
+
+@dataclass
+class RolloutOptions:
+    """What every rollout takes, during training (``eval.``) or from ``rollout.py``."""
+
+    num_episodes: int = 50
+    seed: int = EVAL_SEED_START  # episodes use seeds seed, seed+1, ...
+    workers: int = 0  # environment worker processes (0: in this process)
+    num_videos: int = 3  # MP4s of the first episodes
+
+    def __post_init__(self):
+        _at_least("", self, ("workers", "num_videos"), 0)
+
+
+@dataclass
+class EvalConfig(RolloutOptions):
+    """Rollouts during training: ``eval.num_episodes > 0`` turns them on."""
+
+    num_episodes: int = 0
+    every: int = 0  # every N steps (0: only at the end)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _at_least("eval", self, ("num_episodes", "every"), 0)
+
+
+@dataclass
+class TrainRunConfig:
+    """``python train_policy.py``: one config group per axis (task, policy, attention, recipe)."""
+
+    task: TaskConfig = MISSING
+    policy: Any = MISSING  # the chosen policy's PolicyConfig subclass (policies registry)
+    attention: Any = MISSING  # AttentionConfig
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    run_dir: str = "outputs/${task.name}/${policy.name}_${attention.kind}_s${seed}"
+    resume: bool = False  # continue from run_dir's newest complete checkpoint (optimizer, EMA, RNG)
+    overwrite: bool = False  # empty run_dir and start over
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self):
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r} is unknown; choose auto, cpu or cuda")
+        if self.resume and self.overwrite:
+            raise ValueError("resume=true and overwrite=true contradict each other; pass one of them")
+
+
+# --- rollout.py ---------------------------------------------------------------------------------
+@dataclass
+class RolloutConfig(RolloutOptions):
+    """``python rollout.py checkpoint=...``: evaluate a checkpoint, optionally changed at inference."""
+
+    checkpoint: str = MISSING  # a checkpoint directory, or a run directory (its newest complete checkpoint)
+    out_dir: Optional[str] = None  # default: <run>/eval/<checkpoint>_seed<seed>[_<options>]
+    overwrite: bool = False  # replace an earlier evaluation in out_dir
+    device: str = "auto"
+    max_steps: Optional[int] = None  # cap on episode length (default: the task's)
+    # inference-time changes, recorded in the summary
+    image_size: Optional[int] = None  # render the cameras at N x N
+    n_action_steps: Optional[int] = None  # Ta: replan more or less often
+    num_inference_steps: Optional[int] = None  # diffusion: DDIM steps
+    global_slope: Optional[float] = None  # LookHere's s_global
+    w_max: Optional[int] = None  # Fibottention's widest window
+    offset_grid: Optional[Any] = None  # Fibottention: "train" or [rows, cols]
+
+    def __post_init__(self):
+        super().__post_init__()
+        _at_least("", self, ("num_episodes", "image_size", "n_action_steps", "num_inference_steps", "max_steps"), 1)
+        _at_least("", self, ("w_max",), 0)
+        if self.offset_grid is not None and self.offset_grid != "train":
+            grid = list(self.offset_grid) if isinstance(self.offset_grid, (list, tuple)) else []
+            if len(grid) != 2 or not all(isinstance(v, int) and v >= 1 for v in grid):
+                raise ValueError(f"offset_grid={self.offset_grid!r}: give train or [rows, cols]")
+            self.offset_grid = grid
+
+
+# --- python -m datasets.generate ----------------------------------------------------------------
+@dataclass
+class GenerateConfig:
+    """``python -m datasets.generate task=...``: scripted demonstrations in the public layout."""
+
+    task: TaskConfig = MISSING
+    num_episodes: int = 200
+    out: str = "${task.dataset.path}"  # where training reads the task's data by default
+    workers: int = 1
+    seed: int = 0  # first initial-state seed; seeds stay below EVAL_SEED_START
+    overwrite: bool = False
+    max_attempts: Optional[int] = None  # default 2 * num_episodes + 20
+    image_size: Optional[int] = None  # camera size (default: the environment's)
+
+    def __post_init__(self):
+        _at_least("", self, ("num_episodes", "workers", "max_attempts", "image_size"), 1)
+        _at_least("", self, ("seed",), 0)
+
+
+# --- registration and composition ---------------------------------------------------------------
+# Fields of every PolicyConfig that come from the task and the attention group, not from the policy
+_FROM_TASK = {"input_shapes": "${task.input_shapes}", "action_dim": "${task.action_dim}", "crop_size": "${task.crop_size}"}
+
+
+def register_configs() -> None:
+    """Put the schemas and the policy / attention options into Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    from policies.base import POLICIES, load_builtin_policies
+    from policies.vision.attention import KINDS, AttentionConfig
+
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainRunConfig)
+    cs.store(name="rollout_schema", node=RolloutConfig)
+    cs.store(name="generate_schema", node=GenerateConfig)
+    load_builtin_policies()
+    for name, cls in POLICIES.items():
+        node = OmegaConf.structured(cls.config_class)
+        for key, value in _FROM_TASK.items():
+            node[key] = value
+        node.vit.attention = "${attention}"  # the attention group is the encoder's attention
+        cs.store(group="policy", name=name, node=node)
+    for kind in KINDS:
+        cs.store(group="attention", name=kind, node=OmegaConf.structured(AttentionConfig(kind=kind)))
+
+
+def to_object(cfg: DictConfig):
+    """A composed DictConfig -> its dataclass tree (runs every ``__post_init__`` check)."""
+    return OmegaConf.to_object(cfg)
+
+
+def compose(config_name: str = "config", overrides: list[str] | tuple[str, ...] = ()):
+    """Compose exactly as the command of ``config_name`` does from its command line, as dataclasses."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+    return to_object(cfg)
+
+
+def to_dict(obj) -> dict:
+    """A config dataclass -> plain dict (what checkpoints and summaries store)."""
+    return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
+
+
+def from_dict(cls, data: dict):
+    """The inverse of ``to_dict``, validated (a checkpoint's ``cfg["task"]`` -> TaskConfig)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))
