@@ -48,8 +48,8 @@ import warnings
 
 import torch
 
-from policies.vision.attention import attend
-from policies.vision.masks import FibottentionPattern, FullPattern, LookHerePattern
+from policies.vision.attention import AttentionConfig, attend
+from policies.vision.sparse import AttentionCache
 
 IMPLS = (
     "full",
@@ -70,17 +70,17 @@ def make_case(impl: str, heads: int):
     """(pattern, attend impl) of a benchmark implementation name."""
     family, _, how = impl.rpartition("-")
     if impl == "full":
-        return FullPattern(heads), "dense"
-    patterns = {
-        "fibottention": lambda: FibottentionPattern(heads, modified=True),
-        "fibottention-std": lambda: FibottentionPattern(heads, modified=False),
-        "lookhere": lambda: LookHerePattern(heads, variant="90"),
-        "lookhere45": lambda: LookHerePattern(heads, variant="45"),
+        return AttentionConfig(kind="full").pattern(heads, 0, 1), "dense"
+    settings = {  # every other setting: AttentionConfig's default
+        "fibottention": dict(kind="fibottention", modified=True),
+        "fibottention-std": dict(kind="fibottention", modified=False),
+        "lookhere": dict(kind="lookhere", variant="90"),
+        "lookhere45": dict(kind="lookhere", variant="45"),
     }
     hows = {"dense": "dense", "sparse": "sparse", "efficient": "sparse", "auto": "auto"}
-    if family not in patterns or how not in hows:
+    if family not in settings or how not in hows:
         raise ValueError(f"unknown implementation {impl!r}; known: {', '.join(IMPLS)}")
-    return patterns[family](), hows[how]
+    return AttentionConfig(**settings[family]).pattern(heads, 0, 1), hows[how]
 
 
 def cpu_name() -> str:
@@ -119,13 +119,14 @@ def runner(impl, args, grid, tensors):
     pattern, how = make_case(impl, args.heads)
     q, k, v, g = tensors
     n_pre = 1 if args.cls else 0
+    cache = AttentionCache()  # what an Attention module keeps: the bias / sparse plan, built once
 
     def fwd():
         with torch.no_grad():
-            return attend(q, k, v, pattern, grid, n_pre, how)
+            return attend(q, k, v, pattern, grid, n_pre, how, cache=cache)
 
     def fwdbwd():
-        out = attend(q, k, v, pattern, grid, n_pre, how)
+        out = attend(q, k, v, pattern, grid, n_pre, how, cache=cache)
         return torch.autograd.grad(out, (q, k, v), g)
 
     return fwd, fwdbwd

@@ -19,7 +19,7 @@ TINY = dict(
 
 def tiny_bc(**fields):
     torch.manual_seed(0)
-    return make_policy("bc", {**TINY, **fields}, STATS)
+    return make_policy({**TINY, **fields}, STATS, name="bc")
 
 
 def synthetic_batch(b=8, seed=0):

@@ -1,4 +1,6 @@
 """Attention patterns against their closed forms (Fibottention offsets, LookHere directions)."""
+import dataclasses
+import inspect
 import json
 import math
 
@@ -6,7 +8,10 @@ import pytest
 import torch
 
 from policies.vision import masks
+from policies.vision.attention import AttentionConfig
 from policies.vision.masks import (
+    KINDS,
+    BigBirdPattern,
     FibottentionPattern,
     LookHerePattern,
     fibottention_head_offsets,
@@ -14,6 +19,21 @@ from policies.vision.masks import (
     make_pattern,
     wythoff_row_start,
 )
+
+
+def make(kind: str, heads: int, layer: int = 0, depth: int = 1, **settings):
+    """A pattern with ``AttentionConfig``'s defaults for every setting not given."""
+    return AttentionConfig(kind=kind, **settings).pattern(heads, layer, depth)
+
+
+def offsets(num_patches: int, heads: int, modified: bool = False):
+    """``fibottention_head_offsets`` with the config's default window (w_min 5, w_max N // 3)."""
+    cfg = AttentionConfig(kind="fibottention", modified=modified)
+    return fibottention_head_offsets(num_patches, heads, modified=cfg.modified, w_min=cfg.w_min, w_max=cfg.w_max)
+
+
+def head_plan(heads: int, variant: str, **settings):
+    return make("lookhere", heads, variant=variant, **settings).plan()
 
 
 def test_wythoff_rows_start_as_published():
@@ -33,7 +53,7 @@ def test_wythoff_rows_are_disjoint_and_cover_the_integers():
 
 
 def test_reference_offsets_n196_h12():
-    heads = fibottention_head_offsets(196, 12)
+    heads = offsets(196, 12)
     assert heads[0] == [1, 2, 3, 5]
     assert heads[1] == [4, 7]
     assert heads[2] == [6, 10]
@@ -45,19 +65,19 @@ def test_reference_offsets_n196_h12():
 
 
 def test_modified_variant_runs_the_recurrence_backwards():
-    heads = fibottention_head_offsets(196, 12, modified=True)
+    heads = offsets(196, 12, modified=True)
     assert heads[0] == [0, 1, 2, 3, 5]  # 0, 1, 1, 2, 3, 5: includes the diagonal
     assert heads[1] == [1, 3, 4, 7]
 
 
 def test_first_term_kept_even_beyond_window():
-    heads = fibottention_head_offsets(9, 12)  # w_max = max(9 // 3, w_min) = 5
+    heads = offsets(9, 12)  # w_max = max(9 // 3, w_min) = 5
     assert heads[-1] == [30]
 
 
 def test_fibottention_dense_bias_matches_offsets_and_is_minus_inf():
     grid = (14, 14)
-    pat = FibottentionPattern(12, layer=3)
+    pat = make("fibottention", 12, layer=3, modified=False)
     bias = pat.dense_bias(grid, num_prefix=1)
     assert bias.shape == (12, 197, 197)
     # CLS row and column fully visible, unpenalised
@@ -70,7 +90,7 @@ def test_fibottention_dense_bias_matches_offsets_and_is_minus_inf():
         assert torch.all(block[allowed] == 0)
         assert torch.all(torch.isneginf(block[~allowed]))
     # about 2% of patch pairs are visible on average
-    frac = masks.summarize(FibottentionPattern(12, shuffle=False), grid)["visible_fraction"]
+    frac = masks.summarize(make("fibottention", 12, modified=False, shuffle=False), grid)["visible_fraction"]
     assert 0.015 < frac < 0.025
 
 
@@ -83,8 +103,8 @@ def _displacements(bias_patch: torch.Tensor, grid, query: tuple[int, int]) -> se
 
 def test_fibottention_offset_grid_keeps_the_training_grids_2d_displacements():
     train, big = (10, 10), (14, 14)
-    plain = FibottentionPattern(4, layer=1)
-    remap = FibottentionPattern(4, layer=1, offset_grid=train)
+    plain = make("fibottention", 4, layer=1, modified=False)
+    remap = make("fibottention", 4, layer=1, modified=False, offset_grid=list(train))
     # on its own grid the remapped pattern is the 1-D pattern, entry for entry
     assert torch.equal(remap.dense_bias(train, 1), plain.dense_bias(train, 1))
     assert remap.offsets(big) == plain.offsets(train)  # the training window, not N // 3 of the big grid
@@ -100,8 +120,6 @@ def test_fibottention_offset_grid_keeps_the_training_grids_2d_displacements():
 
 
 def test_attention_config_checks_offset_grid():
-    from policies.vision.attention import AttentionConfig
-
     with pytest.raises(ValueError, match="attention.offset_grid must be"):
         AttentionConfig(kind="fibottention", offset_grid=[10])
     assert AttentionConfig(kind="fibottention", offset_grid=[10, 10]).pattern(4, 0, 3).offset_grid == (10, 10)
@@ -109,12 +127,12 @@ def test_attention_config_checks_offset_grid():
 
 def test_fibottention_shuffle_is_a_deterministic_per_layer_permutation():
     grid = (14, 14)
-    base = FibottentionPattern(12, shuffle=False).offsets(grid)
-    l0 = FibottentionPattern(12, layer=0).offsets(grid)
-    l1 = FibottentionPattern(12, layer=1).offsets(grid)
+    base = make("fibottention", 12, shuffle=False).offsets(grid)
+    l0 = make("fibottention", 12, layer=0).offsets(grid)
+    l1 = make("fibottention", 12, layer=1).offsets(grid)
     assert sorted(l0) == sorted(base) == sorted(l1)
     assert l0 != l1
-    assert l0 == FibottentionPattern(12, layer=0).offsets(grid)
+    assert l0 == make("fibottention", 12, layer=0).offsets(grid)
 
 
 def _closed_form(direction, dx, dy):
@@ -137,7 +155,7 @@ def _closed_form(direction, dx, dy):
 @pytest.mark.parametrize("variant", ["180", "90", "45"])
 def test_lookhere_matches_closed_form_on_non_square_grid(variant):
     gh, gw = 4, 7
-    pat = LookHerePattern(12, layer=1, depth=3, variant=variant, global_slope=0.8)
+    pat = make("lookhere", 12, 1, 3, variant=variant, global_slope=0.8)
     bias = pat.dense_bias((gh, gw), num_prefix=1)
     assert bias.shape == (12, 1 + gh * gw, 1 + gh * gw)
     assert torch.all(bias[:, 0, :] == 0) and torch.all(bias[:, :, 0] == 0)
@@ -159,20 +177,23 @@ def test_lookhere_matches_closed_form_on_non_square_grid(variant):
 
 
 def test_lookhere_head_plan_for_any_head_count():
-    assert lookhere_head_plan(12, "90") == [(d, 1.0) for d in masks.LOOKHERE_DIRECTIONS["90"]] + [
+    # the paper's plan with the config's defaults: a third of the heads undirected, slopes 1/2, 1/8, ...
+    assert head_plan(12, "90") == [(d, 1.0) for d in masks.LOOKHERE_DIRECTIONS["90"]] + [
         (None, 0.5), (None, 0.125), (None, 0.03125), (None, 0.0078125)
     ]
     for h in (1, 3, 6, 8, 12, 16):
-        plan = lookhere_head_plan(h, "45")
+        plan = head_plan(h, "45")
         assert len(plan) == h
         assert sum(d is not None for d, _ in plan) >= 1
-    assert [d for d, _ in lookhere_head_plan(3, "180")] == ["up", "down", None]
+    assert [d for d, _ in head_plan(3, "180")] == ["up", "down", None]
+    assert lookhere_head_plan(4, "90", undirected_fraction=0.5, undirected_slope=1.0, undirected_slope_ratio=0.5,
+                              layer=0, rotate_directions=False) == [("up", 1.0), ("down", 1.0), (None, 1.0), (None, 0.5)]
 
 
 @pytest.mark.parametrize("variant", ["180", "90", "45"])
 def test_lookhere_rotated_directions_cover_all_eight_across_layers(variant):
     names = set(masks.LOOKHERE_DIRECTIONS[variant])
-    plans = [LookHerePattern(4, layer=l, depth=3, variant=variant, rotate_directions=r).plan()
+    plans = [make("lookhere", 4, l, 3, variant=variant, rotate_directions=r).plan()
              for r in (False, True) for l in range(3)]
     fixed, rotated = plans[:3], plans[3:]
     # without rotation a 4-head ViT has 3 directed heads looking the same 3 ways in every layer
@@ -180,31 +201,48 @@ def test_lookhere_rotated_directions_cover_all_eight_across_layers(variant):
     assert {d for p in rotated for d, _ in p if d} == names
     assert rotated[0] == fixed[0]  # layer 0 is unchanged, and so is every undirected head
     assert [h for h in rotated[1] if h[0] is None] == [(None, 0.5)]
-    from policies.vision.attention import AttentionConfig  # the config group reaches the pattern
-
     assert AttentionConfig(kind="lookhere", variant=variant, rotate_directions=True).pattern(4, 1, 3).plan() == rotated[1]
     # 8 directed heads already cover every direction in each layer: rotation changes nothing
-    assert all(LookHerePattern(12, layer=l, depth=4, variant=variant, rotate_directions=True).plan()
-               == LookHerePattern(12, layer=l, depth=4, variant=variant).plan() for l in range(4))
+    assert all(make("lookhere", 12, l, 4, variant=variant, rotate_directions=True).plan()
+               == make("lookhere", 12, l, 4, variant=variant).plan() for l in range(4))
 
 
 @pytest.mark.parametrize("variant,expected", [("180", 0.5), ("90", 0.25), ("45", 0.125)])
 def test_lookhere_directed_heads_see_their_share_on_a_large_grid(variant, expected):
-    pat = LookHerePattern(8, variant=variant, undirected_fraction=0.0)
+    pat = make("lookhere", 8, variant=variant, undirected_fraction=0.0)
     s = masks.summarize(pat, (31, 31))
     assert s["visible_fraction"] == pytest.approx(expected, abs=0.04)
 
 
-@pytest.mark.parametrize("kind", ["full", "fibottention", "lookhere", "bigbird"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("heads", [1, 3, 6, 8, 12])
 @pytest.mark.parametrize("num_prefix", [0, 1])
 def test_every_row_keeps_a_visible_key(kind, heads, num_prefix):
-    pat = make_pattern(kind, heads, layer=2, depth=4)
+    pat = make(kind, heads, layer=2, depth=4)
     for grid in [(3, 3), (2, 5), (9, 9)]:
         bias = pat.dense_bias(grid, num_prefix)
-        if bias is None:
+        n = num_prefix + grid[0] * grid[1]
+        if kind == "full":  # nothing masked: no bias at all
+            assert bias is None
             continue
+        assert bias is not None and bias.shape == (heads, n, n)
+        assert not torch.isnan(bias).any() and not torch.isposinf(bias).any()
         assert torch.isfinite(bias).any(dim=-1).all()
+
+
+def test_attention_settings_have_their_default_in_attention_config_only():
+    """The pattern classes and the functions they call take every setting without a default."""
+    settings = {f.name for f in dataclasses.fields(AttentionConfig)} - {"kind", "impl"}  # kind: the class itself
+    for cls in (FibottentionPattern, LookHerePattern, BigBirdPattern):
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.name in settings}
+        assert fields, cls
+        for name, f in fields.items():
+            assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, (cls.__name__, name)
+    for fn in (fibottention_head_offsets, lookhere_head_plan):
+        params = inspect.signature(fn).parameters
+        assert all(p.default is inspect.Parameter.empty for n, p in params.items() if n in settings), fn.__name__
+    with pytest.raises(TypeError):
+        LookHerePattern(4, variant="90")  # the slopes must come from the config
 
 
 def test_unknown_kind_lists_known():

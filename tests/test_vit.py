@@ -5,18 +5,26 @@ import pytest
 import torch
 
 from policies.vision.attention import AttentionConfig, attend, naive_attention
-from policies.vision.masks import cached_dense_bias, make_pattern
+from policies.vision.masks import KINDS as KIND_NAMES
+from policies.vision.masks import LOOKHERE_DIRECTIONS
 from policies.vision.vit import ViT, ViTConfig
 
-KINDS = [
-    dict(kind="full"),
-    dict(kind="fibottention", modified=False),
-    dict(kind="fibottention", modified=True),
-    dict(kind="lookhere", variant="180"),
-    dict(kind="lookhere", variant="90"),
-    dict(kind="lookhere", variant="45"),
-    dict(kind="bigbird"),
-]
+
+def _variants(kind: str) -> list[dict]:
+    """The settings that change a kind's pattern qualitatively (the rest keep their defaults)."""
+    if kind == "fibottention":
+        return [dict(modified=False), dict(modified=True)]
+    if kind == "lookhere":
+        return [dict(variant=v) for v in LOOKHERE_DIRECTIONS]
+    return [{}]
+
+
+# every registered kind, in each of its variants
+KINDS = [dict(kind=kind, **variant) for kind in KIND_NAMES for variant in _variants(kind)]
+
+
+def _pattern(kind: str, heads: int, layer: int = 0, depth: int = 1, **settings):
+    return AttentionConfig(kind=kind, **settings).pattern(heads, layer, depth)
 
 
 def _vit(att, heads=4, use_cls=True, pos="learned"):
@@ -79,13 +87,13 @@ def test_lookhere_without_cls_is_translation_equivariant():
     assert diff < 0.05 * ref
 
 
-@pytest.mark.parametrize("kind", ["fibottention", "lookhere", "bigbird", "full"])
+@pytest.mark.parametrize("kind", KIND_NAMES)
 @pytest.mark.parametrize("num_prefix", [0, 1])
 def test_fused_sdpa_matches_naive_softmax(kind, num_prefix):
     torch.manual_seed(0)
     grid = (5, 7)
     n = num_prefix + 35
-    pat = make_pattern(kind, 6, layer=1, depth=3)
+    pat = _pattern(kind, 6, layer=1, depth=3)
     q, k, v = (torch.randn(2, 6, n, 16, dtype=torch.float64) for _ in range(3))
     fused = attend(q, k, v, pat, grid, num_prefix)
     bias = pat.dense_bias(grid, num_prefix)
@@ -97,7 +105,7 @@ def test_fused_sdpa_matches_naive_softmax(kind, num_prefix):
 def test_masked_logits_get_exactly_zero_weight():
     """-inf masks, not multiplicative 0/1 ones: a masked key with a huge value changes nothing."""
     torch.manual_seed(0)
-    pat = make_pattern("fibottention", 4, modified=False, shuffle=False)
+    pat = _pattern("fibottention", 4, modified=False, shuffle=False)
     grid, n = (4, 4), 16
     q, k, v = (torch.randn(1, 4, n, 8) for _ in range(3))
     bias = pat.dense_bias(grid, 0)
@@ -111,11 +119,20 @@ def test_masked_logits_get_exactly_zero_weight():
 
 
 def test_bias_is_cached_and_rebuilt_for_a_new_grid():
-    pat = make_pattern("lookhere", 4, depth=2)
-    a = cached_dense_bias(pat, (9, 9), 1, "cpu")
-    assert cached_dense_bias(pat, (9, 9), 1, "cpu") is a
-    b = cached_dense_bias(pat, (12, 12), 1, "cpu")
-    assert b.shape == (4, 145, 145)
+    vit = _vit(dict(kind="lookhere")).eval()
+    attn = vit.blocks[0].attn
+    with torch.no_grad():
+        vit(torch.rand(1, 3, 72, 72))  # 9 x 9 patches + CLS
+    a = attn.dense_bias((9, 9), 1, "cpu")
+    assert a.shape == (1, 4, 82, 82) and len(attn.cache) == 1  # the forward built exactly this one
+    with torch.no_grad():
+        vit(torch.rand(1, 3, 72, 72))
+    assert attn.dense_bias((9, 9), 1, "cpu") is a and len(attn.cache) == 1
+    with torch.no_grad():
+        vit(torch.rand(1, 3, 96, 96))  # a new grid: a new bias, the old one kept
+    assert attn.dense_bias((12, 12), 1, "cpu").shape == (1, 4, 145, 145) and len(attn.cache) == 2
+    vit.clear_attention_cache()
+    assert all(len(block.attn.cache) == 0 for block in vit.blocks)
 
 
 def test_config_errors_name_the_field():

@@ -3,25 +3,36 @@
 The pattern (full, Fibottention, LookHere, BigBird) only decides the bias; the arithmetic is
 shared, so the baseline and the sparse methods differ in nothing else. ``impl`` picks how the
 pattern is applied: ``dense`` materialises the (heads, N, N) bias once per grid and runs the
-fused SDPA kernel, ``sparse`` never builds N x N (see ``sparse.py``), ``auto`` picks the faster.
+fused SDPA kernel, ``sparse`` never builds N x N (see the ``sparse`` package), ``auto`` picks the
+faster.
+
+What is built for a grid (the dense bias, the sparse plans) is owned by the ``Attention`` module
+that uses it, in its ``cache`` (an ``AttentionCache``): freed with the model, rebuilt after
+``.to()``, emptied by ``clear_attention_cache()``; never a process-wide cache. It holds no
+parameters or buffers, so checkpoints (state_dict keys) do not see it.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .masks import KINDS, LOOKHERE_DIRECTIONS, cached_dense_bias, make_pattern
+from . import sparse
+from .masks import KINDS, LOOKHERE_DIRECTIONS, make_pattern
+from .sparse import AttentionCache
 
 IMPLS = ("dense", "sparse", "auto")
 
 
 @dataclass
 class AttentionConfig:
-    """The ``attention`` config group. Only the fields of the chosen ``kind`` are used."""
+    """The ``attention`` config group. Only the fields of the chosen ``kind`` are used.
+
+    The one place the attention settings' defaults are written: the pattern classes and
+    functions of ``masks.py`` take them as required arguments, through ``pattern()``."""
 
     kind: str = "full"  # full | fibottention | lookhere | bigbird
     impl: str = "dense"  # dense | sparse | auto
@@ -63,13 +74,13 @@ class AttentionConfig:
         if not 0 <= self.undirected_fraction < 1:
             raise ValueError(f"attention.undirected_fraction must be in [0, 1), got {self.undirected_fraction}")
 
-    def pattern(self, num_heads: int, layer: int, depth: int):
-        """The frozen, hashable pattern of one layer (its dense bias is cached by value)."""
+    def pattern_options(self) -> dict:
+        """The settings of this ``kind``, as ``masks.make_pattern`` takes them."""
         if self.kind == "fibottention":
-            opts = dict(modified=self.modified, w_min=self.w_min, w_max=self.w_max, shuffle=self.shuffle,
-                        offset_grid=tuple(self.offset_grid) if self.offset_grid else None)
-        elif self.kind == "lookhere":
-            opts = dict(
+            offset_grid = tuple(self.offset_grid) if self.offset_grid else None
+            return dict(modified=self.modified, w_min=self.w_min, w_max=self.w_max, shuffle=self.shuffle, offset_grid=offset_grid)
+        if self.kind == "lookhere":
+            return dict(
                 variant=self.variant,
                 global_slope=self.global_slope,
                 undirected_fraction=self.undirected_fraction,
@@ -77,11 +88,13 @@ class AttentionConfig:
                 undirected_slope_ratio=self.undirected_slope_ratio,
                 rotate_directions=self.rotate_directions,
             )
-        elif self.kind == "bigbird":
-            opts = dict(band=self.band, random_per_row=self.random_per_row)
-        else:
-            opts = {}
-        return make_pattern(self.kind, num_heads, layer, depth, **opts)
+        if self.kind == "bigbird":
+            return dict(band=self.band, random_per_row=self.random_per_row)
+        return {}
+
+    def pattern(self, num_heads: int, layer: int, depth: int):
+        """The frozen pattern of one layer (hashable: it is part of the cache keys)."""
+        return make_pattern(self.kind, num_heads, layer, depth, **self.pattern_options())
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,21 +108,31 @@ def naive_attention(q, k, v, bias=None):
     return scores.softmax(dim=-1) @ v  # (B, heads, N, head_dim)
 
 
-def attend(q, k, v, pattern, grid: tuple[int, int], num_prefix: int, impl: str = "dense", dropout_p: float = 0.0):
-    """q, k, v: (B, heads, N, head_dim) -> (B, heads, N, head_dim)."""
-    # the sparse paths have no attention dropout: with dropout on, the dense path is exact
-    # the sparse kernels walk 1-D offsets; 2-D displacements from another grid exist only as a dense bias
-    remapped = getattr(pattern, "offset_grid", None) not in (None, tuple(grid))
-    if (impl == "auto" or impl == "sparse") and dropout_p == 0.0 and not remapped:
-        from . import sparse
+def dense_bias(pattern, grid: tuple[int, int], num_prefix: int, device, dtype=torch.float32, cache=None):
+    """(1, heads, N, N) additive bias in ``dtype`` on ``device`` (None for full attention), built
+    once per ``cache`` (an ``AttentionCache``; None: built for this call only). The bias is
+    computed in float32 and then cast, as SDPA needs it in q's dtype."""
 
-        if impl == "auto":
-            impl = sparse.choose_impl(pattern, num_prefix + grid[0] * grid[1], q.device)
-        if impl == "sparse":
-            return sparse.sparse_attend(q, k, v, pattern, grid, num_prefix)
-    bias = cached_dense_bias(pattern, grid, num_prefix, q.device)
-    if bias is not None:
-        bias = bias.to(q.dtype).unsqueeze(0)  # (1, heads, N, N), broadcast over the batch
+    def build():
+        bias = pattern.dense_bias(grid, num_prefix, device)  # (heads, N, N) float32
+        return None if bias is None else bias.to(dtype).unsqueeze(0)  # broadcast over the batch
+
+    cache = AttentionCache() if cache is None else cache
+    return cache.get(("dense", pattern, grid, num_prefix, dtype), device, build)
+
+
+def attend(q, k, v, pattern, grid: tuple[int, int], num_prefix: int, impl: str = "dense", dropout_p: float = 0.0,
+           cache: AttentionCache | None = None):
+    """q, k, v: (B, heads, N, head_dim) -> (B, heads, N, head_dim).
+
+    ``cache`` keeps the bias / sparse plans between calls (``Attention`` passes its own); None
+    builds them for this call only."""
+    grid = (int(grid[0]), int(grid[1]))
+    if impl == "auto":
+        impl = sparse.choose_impl(pattern, num_prefix + grid[0] * grid[1], q.device)
+    if impl == "sparse" and sparse.can_run(pattern, grid, dropout_p):
+        return sparse.sparse_attend(q, k, v, pattern, grid, num_prefix, cache=cache)
+    bias = dense_bias(pattern, grid, num_prefix, q.device, q.dtype, cache)  # (1, heads, N, N) | None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
 
 
@@ -127,13 +150,28 @@ class Attention(nn.Module):
         self.captured: dict | None = None
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
+        self.cache = AttentionCache()  # bias / sparse plans per (grid, num_prefix); see the module doc
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .cuda(), .double(), ... go through here: what the cache holds was built for the
+        # old device and dtype, so drop it (freeing it now) and let the next call rebuild it.
+        self.cache.clear()
+        return super()._apply(fn, recurse)
+
+    def clear_attention_cache(self) -> None:
+        """Free the biases and sparse plans built so far (they are rebuilt when next needed)."""
+        self.cache.clear()
+
+    def dense_bias(self, grid: tuple[int, int], num_prefix: int, device, dtype=torch.float32):
+        """This layer's (1, heads, N, N) bias (None: full attention), from the module's cache."""
+        return dense_bias(self.pattern, (int(grid[0]), int(grid[1])), int(num_prefix), torch.device(device), dtype, self.cache)
 
     def forward(self, x: torch.Tensor, grid: tuple[int, int], num_prefix: int) -> torch.Tensor:
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, heads, head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, heads, N, head_dim)
         drop = self.attn_drop if self.training else 0.0
-        out = attend(q, k, v, self.pattern, grid, num_prefix, self.impl, drop)  # (B, heads, N, head_dim)
+        out = attend(q, k, v, self.pattern, grid, num_prefix, self.impl, drop, self.cache)  # (B, heads, N, head_dim)
         if self.capture:
             self.captured = {"q": q.detach(), "k": k.detach(), "out": out.detach(), "grid": grid, "num_prefix": num_prefix}
         out = out.transpose(1, 2).reshape(B, N, C)  # (B, N, C)

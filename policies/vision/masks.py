@@ -15,8 +15,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -56,18 +55,14 @@ def default_w_max(num_patches: int) -> int:
 
 
 def fibottention_head_offsets(
-    num_patches: int,
-    num_heads: int,
-    *,
-    modified: bool = False,
-    w_min: int = 5,
-    w_max: int | None = None,
+    num_patches: int, num_heads: int, *, modified: bool, w_min: int, w_max: int | None
 ) -> list[list[int]]:
     """Offsets |p - q| each head i = 1..h may attend to, before the per-layer shuffle.
 
-    Window ``w_i = w_min + floor((w_max - w_min) / (h - 1) * (i - 1))``; ``w_max`` defaults to
-    ``N // 3``. The modified variant runs the recurrence two steps backwards so that low
-    rows also see their neighbours (and head 1 its own token).
+    Window ``w_i = w_min + floor((w_max - w_min) / (h - 1) * (i - 1))``; ``w_max=None`` means
+    ``N // 3`` (the settings' defaults: ``attention.AttentionConfig``). The modified variant runs
+    the recurrence two steps backwards so that low rows also see their neighbours (and head 1
+    its own token).
     """
     if num_heads < 1:
         raise ValueError(f"num_heads must be >= 1, got {num_heads}")
@@ -134,16 +129,17 @@ def lookhere_head_plan(
     num_heads: int,
     variant: str,
     *,
-    undirected_fraction: float = 1 / 3,
-    undirected_slope: float = 0.5,
-    undirected_slope_ratio: float = 0.25,
-    layer: int = 0,
-    rotate_directions: bool = False,
+    undirected_fraction: float,
+    undirected_slope: float,
+    undirected_slope_ratio: float,
+    layer: int,
+    rotate_directions: bool,
 ) -> list[tuple[str | None, float]]:
     """(direction or None, head slope) per head: directed heads first, then undirected.
 
     Directed heads cycle through the variant's eight directions with slope 1; undirected heads
-    see everything with geometrically smaller slopes (1/2, 1/8, ... by default). With fewer than
+    see everything with geometrically smaller slopes (``undirected_slope`` times powers of
+    ``undirected_slope_ratio``: 1/2, 1/8, ... with ``AttentionConfig``'s defaults). With fewer than
     eight directed heads (a 4-head ViT has 3) every layer would look the same three ways and no
     head would ever look right; ``rotate_directions`` starts each layer where the previous one
     stopped, so the layers together cover all eight (the paper's 12 heads cover them per layer).
@@ -211,18 +207,24 @@ class FullPattern:
         return None
 
 
+# The pattern classes take every attention setting as a required keyword argument: their
+# defaults are written once, in ``attention.AttentionConfig`` (build patterns with its
+# ``pattern()``). ``layer`` and ``depth`` place the pattern in the network; they are not settings.
+
+
 @dataclass(frozen=True)
 class FibottentionPattern:
     num_heads: int
-    layer: int = 0
-    modified: bool = False
-    w_min: int = 5
-    w_max: int | None = None
-    shuffle: bool = True
+    _: KW_ONLY
+    modified: bool
+    w_min: int
+    w_max: int | None  # None: N // 3
+    shuffle: bool
     # None: offsets are distances along the flattened patch sequence of whatever grid comes in.
     # (rows, cols): keep the 2-D displacements those 1-D offsets mean on this grid (the training
     # grid) when the grid changes, since offset 10 is "one row down" only on a 10-wide grid.
-    offset_grid: tuple[int, int] | None = None
+    offset_grid: tuple[int, int] | None
+    layer: int = 0
     kind: str = "fibottention"
     uses_pos_embed: bool = True
 
@@ -267,14 +269,15 @@ def _displacement_code(grid: tuple[int, int], span: tuple[int, int], device=None
 @dataclass(frozen=True)
 class LookHerePattern:
     num_heads: int
+    _: KW_ONLY
+    variant: str
+    global_slope: float
+    undirected_fraction: float
+    undirected_slope: float
+    undirected_slope_ratio: float
+    rotate_directions: bool
     layer: int = 0
     depth: int = 1
-    variant: str = "90"
-    global_slope: float = 1.0
-    undirected_fraction: float = 1 / 3
-    undirected_slope: float = 0.5
-    undirected_slope_ratio: float = 0.25
-    rotate_directions: bool = False
     kind: str = "lookhere"
     uses_pos_embed: bool = False  # the point of LookHere: position lives in the bias only
 
@@ -294,19 +297,27 @@ class LookHerePattern:
         s_layer = lookhere_layer_slope(self.layer, self.depth)
         return [self.global_slope * s_layer * s for _, s in self.plan()]
 
-    def dense_bias(self, grid, num_prefix, device=None):
-        x, y = patch_coords(grid, device)
-        dx = x[None, :] - x[:, None]  # (P, P): key minus query
-        dy = y[None, :] - y[:, None]
+    def bias_at(self, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        """The LookHere formula, the one place it is written: (heads, *dx.shape) bias of the
+        key-minus-query displacements (dx, dy) (float tensors of any one shape): ``-slope *
+        distance`` where the head's direction test passes, ``-inf`` where it fails. Both the dense
+        bias below and the sparse path's per-displacement table (``sparse/lookhere.py``) call it,
+        so their values are bit-identical."""
         dist = torch.sqrt(dx * dx + dy * dy)
         tests = LOOKHERE_DIRECTIONS[self.variant]
         heads = []
         for (direction, _), slope in zip(self.plan(), self.head_slopes()):
-            b = -slope * dist
+            bias = -slope * dist
             if direction is not None:
-                b = b.masked_fill(~tests[direction](dx, dy), -math.inf)
-            heads.append(b)
-        return _embed_patch_bias(torch.stack(heads), num_prefix)
+                bias = bias.masked_fill(~tests[direction](dx, dy), -math.inf)
+            heads.append(bias)
+        return torch.stack(heads)
+
+    def dense_bias(self, grid, num_prefix, device=None):
+        x, y = patch_coords(grid, device)  # (P,), (P,)
+        dx = x[None, :] - x[:, None]  # (P, P): key minus query
+        dy = y[None, :] - y[:, None]  # (P, P)
+        return _embed_patch_bias(self.bias_at(dx, dy), num_prefix)  # (heads, N, N)
 
 
 @dataclass(frozen=True)
@@ -314,9 +325,10 @@ class BigBirdPattern:
     """Local band + global prefix + seeded random keys (the baseline Fibottention compares to)."""
 
     num_heads: int
+    _: KW_ONLY
+    band: int
+    random_per_row: int
     layer: int = 0
-    band: int = 3
-    random_per_row: int = 3
     kind: str = "bigbird"
     uses_pos_embed: bool = True
 
@@ -348,14 +360,10 @@ def make_pattern(kind: str, num_heads: int, layer: int = 0, depth: int = 1, **op
     raise ValueError(f"unknown attention kind {kind!r}; known kinds: {', '.join(KINDS)}")
 
 
-@lru_cache(maxsize=256)
-def _cached_bias(pattern, grid, num_prefix, device_str):
-    return pattern.dense_bias(grid, num_prefix, torch.device(device_str))
-
-
 def cached_dense_bias(pattern, grid: tuple[int, int], num_prefix: int, device) -> torch.Tensor | None:
-    """Bias built once per (pattern, grid, prefix, device): patterns are frozen and hashable."""
-    return _cached_bias(pattern, tuple(grid), num_prefix, str(torch.device(device)))
+    """Old name kept for callers outside ``policies/vision`` (``studies/diversity.py``): builds the
+    bias, caches nothing. Biases are cached per model: ``Attention.dense_bias``."""
+    return pattern.dense_bias(tuple(grid), num_prefix, torch.device(device))
 
 
 # ------------------------------------------------------------------------------------------
@@ -366,13 +374,21 @@ CLI_KINDS = ("full", "fibottention", "lookhere-180", "lookhere-90", "lookhere-45
 
 
 def pattern_from_cli_kind(kind: str, heads: int, layer: int, depth: int, modified: bool):
+    """The pattern of one CLI kind, with ``AttentionConfig``'s defaults for every other setting."""
+    # Not imported at the top: attention.py imports this module. Under ``python -m`` this module
+    # is ``__main__``, a second copy of masks.py, so the pattern is built here (make_pattern),
+    # with classes that summarize()'s isinstance checks know.
+    from policies.vision.attention import AttentionConfig
+
     if kind.startswith("lookhere-"):
-        return make_pattern("lookhere", heads, layer, depth, variant=kind.split("-", 1)[1])
-    if kind == "fibottention":
-        return make_pattern("fibottention", heads, layer, depth, modified=modified)
-    if kind in ("full", "bigbird"):
-        return make_pattern(kind, heads, layer, depth)
-    raise ValueError(f"unknown kind {kind!r}; known: {', '.join(CLI_KINDS)}")
+        config = AttentionConfig(kind="lookhere", variant=kind.split("-", 1)[1])
+    elif kind == "fibottention":
+        config = AttentionConfig(kind="fibottention", modified=modified)
+    elif kind in ("full", "bigbird"):
+        config = AttentionConfig(kind=kind)
+    else:
+        raise ValueError(f"unknown kind {kind!r}; known: {', '.join(CLI_KINDS)}")
+    return make_pattern(config.kind, heads, layer, depth, **config.pattern_options())
 
 
 def summarize(pattern, grid: tuple[int, int]) -> dict:

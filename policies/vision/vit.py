@@ -121,6 +121,11 @@ class ViT(nn.Module):
         if self.cls_token is not None:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
 
+    def clear_attention_cache(self) -> None:
+        """Free every layer's attention biases and sparse plans (rebuilt when next needed)."""
+        for block in self.blocks:
+            block.attn.clear_attention_cache()
+
     def _position(self, grid: tuple[int, int], device, dtype) -> torch.Tensor | None:
         if self.pos_embed_kind == "sincos":
             return sincos_2d(grid, self.cfg.dim, device).to(dtype)[None]
