@@ -29,7 +29,8 @@ def make(kind: str, heads: int, layer: int = 0, depth: int = 1, **settings):
 def offsets(num_patches: int, heads: int, modified: bool = False):
     """``fibottention_head_offsets`` with the config's default window (w_min 5, w_max N // 3)."""
     cfg = AttentionConfig(kind="fibottention", modified=modified)
-    return fibottention_head_offsets(num_patches, heads, modified=cfg.modified, w_min=cfg.w_min, w_max=cfg.w_max)
+    return fibottention_head_offsets(num_patches, heads, modified=cfg.modified, w_min=cfg.w_min, w_max=cfg.w_max,
+                                     windows=cfg.windows)
 
 
 def head_plan(heads: int, variant: str, **settings):
@@ -263,3 +264,47 @@ def test_cli_json_answers_for_every_kind(kind, capsys, tmp_path):
     if kind == "fibottention":
         assert all("offsets" in h for h in out["heads"])
     assert png.stat().st_size > 1000
+
+
+def test_robot_windows_reproduce_the_authors_robot_learning_offsets():
+    # exp.py of the authors' robot-learning encoder on a 9x9 grid with 4 heads (modified): every
+    # head's window is N = 81, and only heads i > 1 get the local offsets i - 1 and a - (i - 1)
+    rows = fibottention_head_offsets(81, 4, modified=True, w_min=5, w_max=None, windows="robot")
+    assert rows == [[1, 2, 3, 5, 8, 13, 21, 34, 55], [1, 3, 4, 7, 11, 18, 29, 47, 76],
+                    [2, 4, 6, 10, 16, 26, 42, 68], [3, 6, 9, 15, 24, 39, 63]]
+    robot = make("fibottention", 4, windows="robot", shuffle=False).dense_bias((9, 9), 0)
+    paper = make("fibottention", 4, shuffle=False).dense_bias((9, 9), 0)
+    visible = lambda b: torch.isfinite(b).float().mean().item()  # noqa: E731
+    assert visible(robot) == pytest.approx(0.153, abs=0.001)  # the issue's 15.3% of pairs
+    assert visible(paper) == pytest.approx(0.110, abs=0.001)  # against 11.0% for our default
+    with pytest.raises(ValueError, match="attention.windows='wide' is unknown"):
+        fibottention_head_offsets(81, 4, modified=True, w_min=5, w_max=None, windows="wide")
+
+
+def test_multiplicative_mask_keeps_weight_on_masked_pairs():
+    """The public code's logits x 0/1 mask: masked pairs get exp(0), so the head is not sparse."""
+    from policies.vision.attention import attend, naive_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 17, 8) for _ in range(3))
+    pat = make("fibottention", 4)
+    bias = pat.dense_bias((4, 4), 1).unsqueeze(0)  # (1, heads, N, N)
+    mult = attend(q, k, v, pat, (4, 4), 1, mask_mode="multiplicative")
+    scores = (q @ k.transpose(-2, -1) / 8 ** 0.5) * torch.isfinite(bias)
+    torch.testing.assert_close(mult, scores.softmax(-1) @ v)
+    additive = attend(q, k, v, pat, (4, 4), 1)
+    torch.testing.assert_close(additive, naive_attention(q, k, v, bias))
+    assert (mult - additive).abs().max() > 0.1  # a different model, not a rounding difference
+    # every masked pair carries weight in the multiplicative variant
+    weights = scores.softmax(-1)
+    assert (weights[torch.isinf(bias).expand_as(weights)] > 0).all()
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(kind="lookhere", mask_mode="multiplicative"), "needs a 0/1 mask"),
+    (dict(kind="fibottention", mask_mode="multiplicative", impl="sparse"), "use attention.impl=dense"),
+    (dict(kind="fibottention", mask_mode="product"), "mask_mode='product' is unknown"),
+])
+def test_mask_mode_is_refused_where_it_cannot_apply(settings, message):
+    with pytest.raises(ValueError, match=message):
+        AttentionConfig(**settings)

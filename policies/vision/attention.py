@@ -25,6 +25,7 @@ from .masks import KINDS, LOOKHERE_DIRECTIONS, make_pattern
 from .sparse import AttentionCache
 
 IMPLS = ("dense", "sparse", "auto")
+MASK_MODES = ("additive", "multiplicative")
 
 
 @dataclass
@@ -36,12 +37,17 @@ class AttentionConfig:
 
     kind: str = "full"  # full | fibottention | lookhere | bigbird
     impl: str = "dense"  # dense | sparse | auto
+    # additive: masked logits are -inf (the paper's method). multiplicative: logits x 0/1 mask before
+    # the softmax, as the public Fibottention code does, so masked pairs keep weight exp(0): an
+    # ablation of the sparsity (dense path only; fibottention and bigbird, whose masks are 0/1)
+    mask_mode: str = "additive"
     # Fibottention
     modified: bool = True  # the variant the paper uses for video and robot learning
     w_min: int = 5
     w_max: int | None = None  # None: N // 3
     shuffle: bool = True
     offset_grid: list[int] | None = None  # (rows, cols) whose 2-D displacements the offsets keep; None: 1-D
+    windows: str = "paper"  # paper (per-head windows) | robot (window N for every head, as the authors' robot code)
     # LookHere
     variant: str = "90"  # 180 | 90 | 45 (field of view in degrees)
     global_slope: float = 1.0
@@ -58,6 +64,14 @@ class AttentionConfig:
             raise ValueError(f"attention.kind={self.kind!r} is unknown; known kinds: {', '.join(KINDS)}")
         if self.impl not in IMPLS:
             raise ValueError(f"attention.impl={self.impl!r} is unknown; choose one of {', '.join(IMPLS)}")
+        if self.mask_mode not in MASK_MODES:
+            raise ValueError(f"attention.mask_mode={self.mask_mode!r} is unknown; choose one of {', '.join(MASK_MODES)}")
+        if self.mask_mode == "multiplicative":
+            if self.kind not in ("fibottention", "bigbird"):
+                raise ValueError(f"attention.mask_mode=multiplicative needs a 0/1 mask (fibottention, bigbird), not "
+                                 f"{self.kind!r}; drop attention.mask_mode=")
+            if self.impl == "sparse":
+                raise ValueError("attention.mask_mode=multiplicative computes every pair: use attention.impl=dense")
         self.variant = str(self.variant)
         if self.variant not in LOOKHERE_DIRECTIONS:
             raise ValueError(f"attention.variant={self.variant!r} is unknown; choose one of {sorted(LOOKHERE_DIRECTIONS)}")
@@ -78,7 +92,8 @@ class AttentionConfig:
         """The settings of this ``kind``, as ``masks.make_pattern`` takes them."""
         if self.kind == "fibottention":
             offset_grid = tuple(self.offset_grid) if self.offset_grid else None
-            return dict(modified=self.modified, w_min=self.w_min, w_max=self.w_max, shuffle=self.shuffle, offset_grid=offset_grid)
+            return dict(modified=self.modified, w_min=self.w_min, w_max=self.w_max, shuffle=self.shuffle,
+                        offset_grid=offset_grid, windows=self.windows)
         if self.kind == "lookhere":
             return dict(
                 variant=self.variant,
@@ -121,13 +136,25 @@ def dense_bias(pattern, grid: tuple[int, int], num_prefix: int, device, dtype=to
     return cache.get(("dense", pattern, grid, num_prefix, dtype), device, build)
 
 
+def multiplicative_attention(q, k, v, bias, dropout_p: float = 0.0):
+    """softmax((q k^T / sqrt(d)) * mask) v with mask = 1 where ``bias`` is finite, 0 elsewhere: the
+    public Fibottention code's masking. A masked pair's logit becomes 0, so it still gets weight."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, heads, N, N)
+    if bias is not None:
+        scores = scores * torch.isfinite(bias).to(scores.dtype)
+    weights = F.dropout(scores.softmax(dim=-1), p=dropout_p)
+    return weights @ v  # (B, heads, N, head_dim)
+
+
 def attend(q, k, v, pattern, grid: tuple[int, int], num_prefix: int, impl: str = "dense", dropout_p: float = 0.0,
-           cache: AttentionCache | None = None):
+           cache: AttentionCache | None = None, mask_mode: str = "additive"):
     """q, k, v: (B, heads, N, head_dim) -> (B, heads, N, head_dim).
 
     ``cache`` keeps the bias / sparse plans between calls (``Attention`` passes its own); None
-    builds them for this call only."""
+    builds them for this call only. ``mask_mode="multiplicative"`` is the ablation above."""
     grid = (int(grid[0]), int(grid[1]))
+    if mask_mode == "multiplicative":
+        return multiplicative_attention(q, k, v, dense_bias(pattern, grid, num_prefix, q.device, q.dtype, cache), dropout_p)
     if impl == "auto":
         impl = sparse.choose_impl(pattern, num_prefix + grid[0] * grid[1], q.device)
     if impl == "sparse" and sparse.can_run(pattern, grid, dropout_p):
@@ -137,7 +164,8 @@ def attend(q, k, v, pattern, grid: tuple[int, int], num_prefix: int, impl: str =
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, pattern, impl: str = "dense", qkv_bias: bool = True, attn_drop: float = 0.0):
+    def __init__(self, dim: int, num_heads: int, pattern, impl: str = "dense", qkv_bias: bool = True, attn_drop: float = 0.0,
+                 mask_mode: str = "additive"):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"embedding dim {dim} is not divisible by num_heads {num_heads}")
@@ -145,6 +173,7 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.pattern = pattern
         self.impl = impl
+        self.mask_mode = mask_mode
         self.attn_drop = attn_drop
         self.capture = False  # analysis hook: keep this call's q, k and per-head outputs
         self.captured: dict | None = None
@@ -171,7 +200,7 @@ class Attention(nn.Module):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, heads, head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, heads, N, head_dim)
         drop = self.attn_drop if self.training else 0.0
-        out = attend(q, k, v, self.pattern, grid, num_prefix, self.impl, drop, self.cache)  # (B, heads, N, head_dim)
+        out = attend(q, k, v, self.pattern, grid, num_prefix, self.impl, drop, self.cache, self.mask_mode)  # (B, heads, N, head_dim)
         if self.capture:
             self.captured = {"q": q.detach(), "k": k.detach(), "out": out.detach(), "grid": grid, "num_prefix": num_prefix}
         out = out.transpose(1, 2).reshape(B, N, C)  # (B, N, C)

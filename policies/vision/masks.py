@@ -4,8 +4,9 @@ Every pattern answers one question, ``dense_bias(grid, num_prefix)``: a float te
 shape ``(heads, N, N)`` (``N = num_prefix + H*W``; prefix tokens such as CLS come first,
 patches follow in raster order) holding ``0`` or a finite penalty where a key is visible and
 ``-inf`` where it is not, or ``None`` when nothing is masked (full attention).
-Masks are additive, never multiplicative: a 0 logit still receives softmax weight, which is
-the bug in the public Fibottention code that multiplies logits by a 0/1 mask.
+Masks are additive: a 0 logit still receives softmax weight, which is the bug in the public
+Fibottention code that multiplies logits by a 0/1 mask (``attention.mask_mode=multiplicative``
+reproduces it as an ablation, in ``attention.py``).
 
 Run ``python -m policies.vision.masks KIND --grid 14x14 --heads 12 --json`` to inspect one.
 """
@@ -54,18 +55,37 @@ def default_w_max(num_patches: int) -> int:
     return num_patches // 3
 
 
+FIB_WINDOWS = ("paper", "robot")
+
+
 def fibottention_head_offsets(
-    num_patches: int, num_heads: int, *, modified: bool, w_min: int, w_max: int | None
+    num_patches: int, num_heads: int, *, modified: bool, w_min: int, w_max: int | None, windows: str
 ) -> list[list[int]]:
     """Offsets |p - q| each head i = 1..h may attend to, before the per-layer shuffle.
 
-    Window ``w_i = w_min + floor((w_max - w_min) / (h - 1) * (i - 1))``; ``w_max=None`` means
-    ``N // 3`` (the settings' defaults: ``attention.AttentionConfig``). The modified variant runs
-    the recurrence two steps backwards so that low rows also see their neighbours (and head 1
-    its own token).
+    ``windows="paper"`` (the paper's classification setting): window
+    ``w_i = w_min + floor((w_max - w_min) / (h - 1) * (i - 1))``, ``w_max=None`` meaning ``N // 3``
+    (the settings' defaults: ``attention.AttentionConfig``); the modified variant runs the
+    recurrence two steps backwards, so low rows also see their neighbours (and head 1 its own token).
+
+    ``windows="robot"`` reproduces the authors' robot-learning encoder (``exp.py`` of their public
+    code): every head's window is the patch count N, and the modification adds the two local
+    offsets ``i - 1`` and ``a - (i - 1)`` (``a`` the row's first Wythoff entry) for heads i > 1 only,
+    so head 1 keeps no offset 0.
     """
     if num_heads < 1:
         raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    if windows not in FIB_WINDOWS:
+        raise ValueError(f"attention.windows={windows!r} is unknown; choose one of {', '.join(FIB_WINDOWS)}")
+    if windows == "robot":
+        heads = []
+        for i in range(1, num_heads + 1):
+            a, b = wythoff_row_start(i)
+            offs = set(fibonacci_offsets(a, b, num_patches))
+            if modified and i > 1:
+                offs |= {i - 1, a - (i - 1)}
+            heads.append(sorted(offs))
+        return heads
     w_max = default_w_max(num_patches) if w_max is None else w_max
     w_max = max(w_max, w_min)
     step = (w_max - w_min) / (num_heads - 1) if num_heads > 1 else 0.0
@@ -224,6 +244,7 @@ class FibottentionPattern:
     # (rows, cols): keep the 2-D displacements those 1-D offsets mean on this grid (the training
     # grid) when the grid changes, since offset 10 is "one row down" only on a 10-wide grid.
     offset_grid: tuple[int, int] | None
+    windows: str  # "paper" | "robot" (the authors' robot-learning code): see fibottention_head_offsets
     layer: int = 0
     kind: str = "fibottention"
     uses_pos_embed: bool = True
@@ -232,7 +253,8 @@ class FibottentionPattern:
         """Per-head offsets in head order (after this layer's shuffle)."""
         grid = self.offset_grid or grid
         rows = fibottention_head_offsets(
-            grid[0] * grid[1], self.num_heads, modified=self.modified, w_min=self.w_min, w_max=self.w_max
+            grid[0] * grid[1], self.num_heads, modified=self.modified, w_min=self.w_min, w_max=self.w_max,
+            windows=self.windows,
         )
         if not self.shuffle:
             return rows
@@ -373,7 +395,7 @@ def cached_dense_bias(pattern, grid: tuple[int, int], num_prefix: int, device) -
 CLI_KINDS = ("full", "fibottention", "lookhere-180", "lookhere-90", "lookhere-45", "bigbird")
 
 
-def pattern_from_cli_kind(kind: str, heads: int, layer: int, depth: int, modified: bool):
+def pattern_from_cli_kind(kind: str, heads: int, layer: int, depth: int, modified: bool, windows: str | None = None):
     """The pattern of one CLI kind, with ``AttentionConfig``'s defaults for every other setting."""
     # Not imported at the top: attention.py imports this module. Under ``python -m`` this module
     # is ``__main__``, a second copy of masks.py, so the pattern is built here (make_pattern),
@@ -383,7 +405,7 @@ def pattern_from_cli_kind(kind: str, heads: int, layer: int, depth: int, modifie
     if kind.startswith("lookhere-"):
         config = AttentionConfig(kind="lookhere", variant=kind.split("-", 1)[1])
     elif kind == "fibottention":
-        config = AttentionConfig(kind="fibottention", modified=modified)
+        config = AttentionConfig(kind="fibottention", modified=modified, **({"windows": windows} if windows else {}))
     elif kind in ("full", "bigbird"):
         config = AttentionConfig(kind=kind)
     else:
@@ -467,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layer", type=int, default=0, help="0-based layer index (Fibottention shuffle, LookHere slope)")
     parser.add_argument("--depth", type=int, default=12, help="number of layers (LookHere layer slope)")
     parser.add_argument("--modified", action="store_true", help="modified Fibottention (more local interactions)")
+    parser.add_argument("--windows", choices=FIB_WINDOWS, help="Fibottention windows: paper (default) or robot "
+                        "(the authors' robot-learning code: window N for every head)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--png", help="draw each head's pattern to this PNG file")
     args = parser.parse_args(argv)
@@ -474,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--heads must be >= 1")
     if not 0 <= args.layer < args.depth:
         parser.error(f"--layer must be in [0, --depth), got {args.layer} with depth {args.depth}")
-    pattern = pattern_from_cli_kind(args.kind, args.heads, args.layer, args.depth, args.modified)
+    pattern = pattern_from_cli_kind(args.kind, args.heads, args.layer, args.depth, args.modified, args.windows)
     summary = summarize(pattern, args.grid)
     if args.json:
         print(json.dumps(summary))

@@ -66,10 +66,10 @@ def sincos_2d(grid: tuple[int, int], dim: int, device=None) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, pattern, impl: str):
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, pattern, impl: str, mask_mode: str = "additive"):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, num_heads, pattern, impl)
+        self.attn = Attention(dim, num_heads, pattern, impl, mask_mode=mask_mode)
         self.norm2 = nn.LayerNorm(dim)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
@@ -96,7 +96,7 @@ class ViT(nn.Module):
             self.pos_embed = nn.Parameter(torch.randn(1, gh * gw, cfg.dim) * 0.02)
         else:
             self.pos_embed = None
-        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, p, att.impl) for p in patterns)
+        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, p, att.impl, att.mask_mode) for p in patterns)
         self.norm = nn.LayerNorm(cfg.dim)
         if cfg.pool == "spatial_softmax":
             # robomimic's SpatialSoftmax read-out on patch tokens: each keypoint is a softmax over
