@@ -375,3 +375,53 @@ def test_copies_of_a_model_start_with_an_empty_cache():
     with torch.no_grad():
         images = torch.rand(*CACHE_IMAGES)
         assert torch.equal(restored(images), vit(images))
+
+
+# LookHere sub-tiles: the directed heads of a large query tile get one run per sub-tile
+
+
+@pytest.mark.parametrize("variant", ["90", "45"])
+@pytest.mark.parametrize("method", ["flash", "recompute"])
+def test_lookhere_subtiles_match_dense(variant, method):
+    from policies.vision.sparse.lookhere import lookhere_attend
+
+    for heads, grid, num_prefix in itertools.product((3, 8), ((7, 6), (12, 11)), PREFIX):
+        pattern = make("lookhere", heads, 1, 3, variant=variant)
+        for tile, subtile in ((None, 4), (40, 6), (64, 16), (None, None)):
+            check_against_dense(pattern, grid, num_prefix, method=method, chunk_tokens=tile, seed=heads,
+                                run=lookhere_attend, subtile_tokens=subtile)
+
+
+def test_lookhere_subtile_plan_covers_each_query_once_with_its_keys():
+    pattern = make("lookhere", 8, variant="45")
+    grid, n = (16, 16), 256
+    plan = sparse.lookhere_plan(pattern, grid, 256, 0, "cpu", subtile_tokens=32)
+    assert any(run.q_tok is not None for tile in plan.tiles for run in tile.runs), "no sub-tile runs"
+    bias = pattern.dense_bias(grid, 0)
+    covered = torch.zeros(8, n, dtype=torch.long)
+    for tile in plan.tiles:
+        for run in tile.runs:
+            q_tok = tile.q_tok if run.q_tok is None else run.q_tok
+            covered[run.first : run.stop, q_tok] += 1
+            seen = torch.isfinite(bias[run.first : run.stop][:, q_tok]).any(dim=(0, 1)).nonzero().flatten()
+            kept = torch.arange(n) if run.key_tok is None else run.key_tok
+            assert torch.isin(seen, kept).all()
+    assert torch.equal(covered, torch.ones_like(covered))  # every (head, query) row exactly once
+    # the sub-tiles keep fewer keys than whole tiles would
+    whole = sparse.lookhere_plan(pattern, grid, 256, 0, "cpu")
+
+    def work(p):
+        return sum((run.stop - run.first) * (tile.q_tok if run.q_tok is None else run.q_tok).numel()
+                   * (n if run.key_tok is None else run.key_tok.numel()) for tile in p.tiles for run in tile.runs)
+
+    assert work(plan) < 0.9 * work(whole)
+
+
+def test_lookhere_default_subtiles_leave_policy_sized_grids_alone():
+    """The policy's grids (<= 10x10 patches: one tile of <= 100 queries) keep one run per head group."""
+    from policies.vision.sparse.lookhere import LOOKHERE_TILE_TOKENS, default_subtile
+
+    subtile = default_subtile(LOOKHERE_TILE_TOKENS)
+    for side in (9, 10):
+        plan = sparse.lookhere_plan(make("lookhere", 8, variant="90"), (side, side), LOOKHERE_TILE_TOKENS, 1, "cpu", subtile)
+        assert len(plan.tiles) == 1 and all(run.q_tok is None for run in plan.tiles[0].runs)

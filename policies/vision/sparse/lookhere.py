@@ -7,7 +7,9 @@ bit-identical. Queries are processed in rectangular tiles (``LOOKHERE_TILE_TOKEN
 for each tile, runs of adjacent heads that see the same keys share one call of the fused SDPA
 kernel on (tile queries x visible keys), with the tile's bias gathered from the table. For
 directed heads the key patches that no query of the tile can see are skipped (a box-OR of the
-direction mask over the tile, via an integral image). On CPU the forward keeps the log-sum-exp
+direction mask over the tile, via an integral image); in large tiles the directed heads run per
+sub-tile (``LOOKHERE_SUBTILE_TOKENS`` queries), each with only the keys it can see, while the
+undirected heads (which see every key) keep one call per tile. On CPU the forward keeps the log-sum-exp
 and the backward calls the fused flash-attention backward per tile (bias rebuilt, never
 stored); on other devices the backward recomputes each tile under autograd. Memory:
 O(heads * tile * N) for one tile's bias. The prefix query rows: ``prefix.py``.
@@ -29,15 +31,23 @@ from .prefix import prefix_backward, prefix_forward
 # Queries are processed in rectangular tiles of about this many patches; one fused-kernel call
 # sees one tile, one run of heads and the keys that run can see from the tile.
 LOOKHERE_TILE_TOKENS = 256
+# Directed heads of a tile of at least 2x this many queries are processed in sub-tiles of about
+# this many queries, each with only the keys it can see: at N = 4096 the directed heads' work
+# drops by a third (LH-45) / a fifth (LH-90). Smaller tiles (the policy's 10x10 grid in one tile
+# of 100) are left whole: there a second kernel call costs more than the keys it skips.
+LOOKHERE_SUBTILE_TOKENS = 64
 
 
 class HeadRun(NamedTuple):
-    """Heads [first, stop) that see the same key patches from one tile: one kernel call."""
+    """Heads [first, stop) that see the same key patches from one tile (or one sub-tile of it):
+    one kernel call."""
 
     first: int
     stop: int
     key_tok: torch.Tensor | None  # (L,) long: prefix tokens, then the visible patches' tokens; None: all N
     key_code: torch.Tensor  # (L - num_prefix,) int32: table code of each key patch (every patch if key_tok is None)
+    q_tok: torch.Tensor | None = None  # (C',) long: the sub-tile's queries; None: the whole tile's
+    q_code: torch.Tensor | None = None  # (C',) int32, like Tile.q_code; None: the tile's
 
 
 class Tile(NamedTuple):
@@ -67,20 +77,33 @@ def _tile_shape(grid: tuple[int, int], tile_tokens: int) -> tuple[int, int]:
     gh, gw = grid
     cols = min(gw, max(1, math.isqrt(max(1, tile_tokens))))
     rows = min(gh, max(1, tile_tokens // cols))
+    # as many tiles as that, but of equal size: a 20x20 grid in 10x10 tiles, not 16x16 + 16x4 + ...
+    cols = -(-gw // -(-gw // cols))
+    rows = -(-gh // -(-gh // rows))
     return rows, cols
 
 
-def lookhere_plan(pattern, grid: tuple[int, int], tile_tokens: int, num_prefix: int, device) -> LookHerePlan:
+def default_subtile(tile_tokens: int) -> int | None:
+    """Sub-tile size of the directed heads for query tiles of ``tile_tokens`` (None: none)."""
+    return LOOKHERE_SUBTILE_TOKENS if tile_tokens >= 2 * LOOKHERE_SUBTILE_TOKENS else None
+
+
+def lookhere_plan(pattern, grid: tuple[int, int], tile_tokens: int, num_prefix: int, device,
+                  subtile_tokens: int | None = None) -> LookHerePlan:
     """The table and the query tiles of about ``tile_tokens`` patches on ``device``. For each
     tile, adjacent heads that see the same key patches from it share one run; a key patch is
-    kept when some query of the tile sees it, so fully masked keys are never touched."""
+    kept when some query of the tile sees it, so fully masked keys are never touched.
+    ``subtile_tokens``: a directed head (one whose table has masked displacements) of a tile
+    with at least twice as many queries gets one run per sub-tile of about that many queries,
+    with the keys the sub-tile sees (None: no sub-tiles)."""
     gh, gw = grid
     table = displacement_table(pattern, grid)  # (heads, 2H-1, 2W-1)
     integral = torch.zeros(table.shape[0], 2 * gh, 2 * gw, dtype=torch.long)  # (heads, 2H, 2W)
     integral[:, 1:, 1:] = torch.isfinite(table).long().cumsum(1).cumsum(2)
     tile_rows, tile_cols = _tile_shape(grid, tile_tokens)
     tiles = tuple(
-        _tile(integral, grid, (r0, min(gh, r0 + tile_rows)), (c0, min(gw, c0 + tile_cols)), num_prefix, device)
+        _tile(integral, grid, (r0, min(gh, r0 + tile_rows)), (c0, min(gw, c0 + tile_cols)), num_prefix, device,
+              subtile_tokens)
         for r0 in range(0, gh, tile_rows)
         for c0 in range(0, gw, tile_cols)
     )
@@ -103,24 +126,45 @@ def _seen_from_tile(integral, grid, rows: tuple[int, int], cols: tuple[int, int]
     return (hits > 0).reshape(hits.shape[0], -1)  # (heads, P)
 
 
-def _tile(integral, grid, rows, cols, num_prefix: int, device) -> Tile:
+def _queries(grid, rows, cols, num_prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(C,) tokens and (C,) table codes of the query patches rows x cols, raster order."""
     gh, gw = grid
     qy, qx = torch.meshgrid(torch.arange(*rows), torch.arange(*cols), indexing="ij")  # (tile rows, tile cols)
     q_tok = (num_prefix + qy * gw + qx).reshape(-1)  # (C,)
     q_code = ((qy - (gh - 1)) * (2 * gw - 1) + qx - (gw - 1)).reshape(-1)  # (C,)
+    return q_tok, q_code
+
+
+def _tile(integral, grid, rows, cols, num_prefix: int, device, subtile_tokens: int | None = None) -> Tile:
+    q_tok, q_code = _queries(grid, rows, cols, num_prefix)  # (C,), (C,)
     seen = _seen_from_tile(integral, grid, rows, cols)  # (heads, P)
-    runs = _head_runs(seen, grid, num_prefix, device)
-    return Tile(q_tok.to(device), q_code.to(device=device, dtype=torch.int32), runs)
+    # undirected heads: every query sees every key (the last integral entry counts the table)
+    everything = integral[:, -1, -1] == integral.shape[1] * integral.shape[2] - integral.shape[1] - integral.shape[2] + 1
+    if subtile_tokens is None or q_tok.numel() < 2 * subtile_tokens or bool(everything.all()):
+        return Tile(q_tok.to(device), q_code.to(device=device, dtype=torch.int32), _head_runs(seen, grid, num_prefix, device))
+    # undirected heads keep one run over the whole tile; directed ones get one per sub-tile
+    heads = torch.arange(seen.shape[0])
+    runs = list(_head_runs(seen, grid, num_prefix, device, heads[everything]))
+    sub_rows, sub_cols = _tile_shape((rows[1] - rows[0], cols[1] - cols[0]), subtile_tokens)
+    for r0 in range(rows[0], rows[1], sub_rows):
+        for c0 in range(cols[0], cols[1], sub_cols):
+            sub = (r0, min(rows[1], r0 + sub_rows)), (c0, min(cols[1], c0 + sub_cols))
+            sub_tok, sub_code = _queries(grid, *sub, num_prefix)
+            sub_seen = _seen_from_tile(integral, grid, *sub)  # (heads, P)
+            runs.extend(run._replace(q_tok=sub_tok.to(device), q_code=sub_code.to(device=device, dtype=torch.int32))
+                        for run in _head_runs(sub_seen, grid, num_prefix, device, heads[~everything]))
+    return Tile(q_tok.to(device), q_code.to(device=device, dtype=torch.int32), tuple(runs))
 
 
-def _head_runs(seen: torch.Tensor, grid, num_prefix: int, device) -> tuple[HeadRun, ...]:
-    """Group adjacent heads whose visible key patches (rows of ``seen``, (heads, P)) are equal."""
+def _head_runs(seen: torch.Tensor, grid, num_prefix: int, device, heads: torch.Tensor | None = None) -> tuple[HeadRun, ...]:
+    """Group adjacent heads whose visible key patches (rows of ``seen``, (heads, P)) are equal;
+    ``heads``: only these (ascending; None: all), and only consecutive ones share a run."""
     gh, gw = grid
     patch_code = (torch.arange(gh)[:, None] * (2 * gw - 1) + torch.arange(gw)[None, :]).reshape(-1)  # (P,)
     groups: list[list] = []  # [first, stop, visible patches (L,) or None for all]
-    for h in range(seen.shape[0]):
+    for h in range(seen.shape[0]) if heads is None else heads.tolist():
         patches = None if bool(seen[h].all()) else seen[h].nonzero().flatten()
-        if groups and _same(groups[-1][2], patches):
+        if groups and groups[-1][1] == h and _same(groups[-1][2], patches):
             groups[-1][1] = h + 1
         else:
             groups.append([h, h + 1, patches])
@@ -158,13 +202,16 @@ def _flash_cpu_available(q) -> bool:
     return q.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
 
 
-def lookhere_attend(q, k, v, pattern, grid, num_prefix, method=None, chunk_tokens=None, cache: AttentionCache | None = None):
+def lookhere_attend(q, k, v, pattern, grid, num_prefix, method=None, chunk_tokens=None, cache: AttentionCache | None = None,
+                    subtile_tokens: int | None | str = "default"):
     """q, k, v: (B, heads, N, head_dim) -> (B, heads, N, head_dim).
 
     ``method``: ``"flash"`` (CPU: fused flash-attention backward) or ``"recompute"`` (any device:
     each tile recomputed under autograd); None: ``flash`` where available. ``chunk_tokens``: the
-    query-tile size in patches (default ``LOOKHERE_TILE_TOKENS``)."""
+    query-tile size in patches (default ``LOOKHERE_TILE_TOKENS``). ``subtile_tokens``: the
+    directed heads' sub-tile size (``"default"``: ``default_subtile(tile size)``; None: none)."""
     tile_tokens = int(chunk_tokens or LOOKHERE_TILE_TOKENS)
+    subtile = default_subtile(tile_tokens) if subtile_tokens == "default" else subtile_tokens
     if method is None:
         method = "flash" if _flash_cpu_available(q) else "recompute"
     if method not in ("flash", "recompute"):
@@ -173,10 +220,15 @@ def lookhere_attend(q, k, v, pattern, grid, num_prefix, method=None, chunk_token
         raise ValueError("LookHere method 'flash' needs CPU tensors (fused CPU flash-attention backward)")
     grid = (int(grid[0]), int(grid[1]))
     cache = AttentionCache() if cache is None else cache
-    key = ("lookhere", pattern, grid, num_prefix, tile_tokens)
-    plan = cache.get(key, q.device, lambda: lookhere_plan(pattern, grid, tile_tokens, num_prefix, q.device))
+    key = ("lookhere", pattern, grid, num_prefix, tile_tokens, subtile)
+    plan = cache.get(key, q.device, lambda: lookhere_plan(pattern, grid, tile_tokens, num_prefix, q.device, subtile))
     scale = 1.0 / math.sqrt(q.shape[-1])
     return LookHereTileFn.apply(q, k, v, plan, num_prefix, scale, method == "flash")
+
+
+def _queries_of(tile: Tile, run: HeadRun):
+    """What holds the run's queries (``q_tok``, ``q_code``): its sub-tile, or else the tile."""
+    return tile if run.q_tok is None else run
 
 
 def _run_forward(q, k, v, table, tile: Tile, run: HeadRun, num_prefix: int, scale: float, out, lse) -> None:
@@ -222,7 +274,7 @@ class LookHereTileFn(torch.autograd.Function):
         prefix_probs = prefix_forward(q, k, v, num_prefix, scale, out) if num_prefix else None
         for tile in plan.tiles:
             for run in tile.runs:
-                _run_forward(q, k, v, plan.table, tile, run, num_prefix, scale, out, lse)
+                _run_forward(q, k, v, plan.table, _queries_of(tile, run), run, num_prefix, scale, out, lse)
         ctx.plan, ctx.num_prefix, ctx.scale = plan, num_prefix, scale
         ctx.save_for_backward(q, k, v, out, lse, prefix_probs)
         return out
@@ -237,8 +289,9 @@ class LookHereTileFn(torch.autograd.Function):
         if num_prefix:
             prefix_backward(q, k, v, grad_out, out, prefix_probs, num_prefix, scale, dq, dk, dv)
         tensors = (q, k, v, grad_out, out, lse)
-        for tile in plan.tiles:
-            for run in tile.runs:
+        for whole_tile in plan.tiles:
+            for run in whole_tile.runs:
+                tile = _queries_of(whole_tile, run)
                 # one head at a time: the kernel's key/value gradients for a run of heads that
                 # sees every key are as large as dk itself (per head: 1/heads of it)
                 for h in range(run.first, run.stop):
