@@ -1,0 +1,113 @@
+"""Where a uniform image change (brightness, contrast) moves a trained encoder's features.
+
+    python -m studies.feature_shift CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
+
+For each checkpoint's first camera ViT, on dataset frames clean and corrupted, the relative
+change ``||f(x') - f(x)|| / ||f(x)||`` (mean over frames) of every stage: the patch embedding,
+after the position embedding, the CLS and the patch tokens after each block, each head's attention
+output, and the encoder's output feature; plus the patch queries' attention mass on CLS. A stage
+whose change grows from the one before is where the shift is amplified.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import torch
+
+from core.config import TaskConfig, from_dict
+from datasets.factory import make_dataset
+from policies.checkpoint import load_policy, read_checkpoint_meta
+from policies.obs_encoder import crop_images
+from studies.corruptions import corrupt
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean over the batch of ||a - b|| / ||a|| (each sample flattened)."""
+    a, b = a.flatten(1), b.flatten(1)
+    return float(((a - b).norm(dim=1) / a.norm(dim=1).clamp_min(1e-12)).mean())
+
+
+@torch.no_grad()
+def stages(vit, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every stage of ``vit.forward`` on images (B, C, H, W) in [0, 1]."""
+    out = {}
+    t = vit.patch_embed(x * 2.0 - 1.0)  # (B, dim, gh, gw)
+    grid = (t.shape[-2], t.shape[-1])
+    t = t.flatten(2).transpose(1, 2)  # (B, P, dim)
+    out["patch_embed"] = t
+    pos = vit._position(grid, t.device, t.dtype)
+    if pos is not None:
+        t = t + pos
+        out["+pos_embed"] = t
+    if vit.cls_token is not None:
+        t = torch.cat([vit.cls_token.expand(t.shape[0], -1, -1), t], dim=1)  # (B, 1 + P, dim)
+    p = vit.num_prefix
+    for i, block in enumerate(vit.blocks):
+        block.attn.capture = True
+        t = block(t, grid, p)
+        block.attn.capture = False
+        cap = block.attn.captured
+        heads = cap["out"]  # (B, heads, N, head_dim)
+        for h in range(heads.shape[1]):
+            out[f"block{i}.head{h}.patch_out"] = heads[:, h, p:]
+        if p:
+            scores = cap["q"] @ cap["k"].transpose(-2, -1) / cap["q"].shape[-1] ** 0.5  # (B, heads, N, N)
+            bias = block.attn.dense_bias(grid, p, t.device)
+            if bias is not None:
+                scores = scores + bias
+            out[f"block{i}.cls_mass"] = scores.softmax(-1)[:, :, p:, 0].mean(dim=(1, 2))  # (B,)
+            out[f"block{i}.cls"] = t[:, :p]
+        out[f"block{i}.patches"] = t[:, p:]
+    out["feature"] = vit(x)
+    return out
+
+
+def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
+    meta = read_checkpoint_meta(checkpoint)
+    policy = load_policy(checkpoint)
+    data = make_dataset(from_dict(TaskConfig, meta["cfg"]["task"]), meta["policy_config"]["input_shapes"])
+    key = policy.config.image_keys[0]
+    idx = np.linspace(0, data.num_frames - 1, frames).astype(int)
+    clean = data.data[key][idx]  # (F, H, W, C) uint8
+    shifted = np.stack([corrupt(im, kind, severity) for im in clean])
+    enc = policy.obs_encoder
+    to_x = lambda a: crop_images(torch.from_numpy(a).permute(0, 3, 1, 2).float() / 255.0,  # noqa: E731
+                                 enc.crop_size_for(key, a.shape[1]), random=False)
+    a, b = stages(enc.vits[0], to_x(clean)), stages(enc.vits[0], to_x(shifted))
+    rows = {}
+    for name in a:
+        if name.endswith("cls_mass"):
+            rows[name] = {"clean": float(a[name].mean()), "corrupted": float(b[name].mean())}
+        else:
+            rows[name] = _rel(a[name], b[name])
+    return {"checkpoint": str(checkpoint), "attention": meta["policy_config"]["vit"]["attention"]["kind"],
+            "camera": key, "frames": frames, "corruption": f"{kind}:{severity}", "stages": rows}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m studies.feature_shift", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoints", nargs="+")
+    parser.add_argument("--frames", type=int, default=48)
+    parser.add_argument("--corruption", default="brightness:1", help="KIND:SEVERITY, e.g. contrast:2")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    kind, severity = args.corruption.split(":")
+    results = [measure(c, args.frames, kind, int(severity)) for c in args.checkpoints]
+    names = list(results[0]["stages"])
+    print(f"relative change under {args.corruption} ({args.frames} frames)".ljust(34) +
+          "".join(f"{r['attention']:>14}" for r in results))
+    for n in names:
+        vals = [r["stages"].get(n) for r in results]
+        cells = [f"{v['clean']:.2f}->{v['corrupted']:.2f}" if isinstance(v, dict) else ("" if v is None else f"{v:.3f}")
+                 for v in vals]
+        print(f"  {n:32s}" + "".join(f"{c:>14}" for c in cells))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    main()

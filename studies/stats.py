@@ -1,0 +1,65 @@
+"""Comparisons that account for both sources of noise: training seeds and evaluation episodes.
+
+A success rate from one checkpoint is a draw from two lotteries: the training run (seed) and the
+initial states it is evaluated on. ``bootstrap_rate`` resamples seeds with replacement and then,
+inside each drawn seed, its episodes with replacement, so the interval widens when seeds disagree.
+``bootstrap_difference`` does so for two methods independently (different trainings) and gives the
+interval of the difference of their mean rates. With a single seed the interval reflects episodes only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Estimate:
+    mean: float  # mean over seeds of each seed's success rate
+    lo: float  # 95% percentile interval
+    hi: float
+    seeds: int
+    episodes: int  # in all
+
+    def fmt(self, pct: bool = True) -> str:
+        s = 100 if pct else 1
+        return f"{s * self.mean:.0f}% [{s * self.lo:.0f}, {s * self.hi:.0f}]" if pct else f"{self.mean:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
+
+
+def _draws(per_seed: list[np.ndarray], n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_boot,) bootstrap replicates of the mean over seeds of the per-seed success rate."""
+    outcomes = [np.asarray(o, dtype=float) for o in per_seed]
+    if not outcomes or any(len(o) == 0 for o in outcomes):
+        raise ValueError("every seed needs at least one evaluated episode")
+    k = len(outcomes)
+    seeds = rng.integers(0, k, size=(n_boot, k))  # which seeds each replicate draws
+    rates = np.empty((n_boot, k))
+    for j, o in enumerate(outcomes):  # resample each seed's episodes once per replicate
+        rates[:, j] = o[rng.integers(0, len(o), size=(n_boot, len(o)))].mean(axis=1)
+    return np.take_along_axis(rates, seeds, axis=1).mean(axis=1)
+
+
+def bootstrap_rate(per_seed: list[np.ndarray], n_boot: int = 10000, seed: int = 0) -> Estimate:
+    """per_seed[i]: 0/1 outcomes of the episodes of training seed i."""
+    rng = np.random.default_rng(seed)
+    draws = _draws(per_seed, n_boot, rng)
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    mean = float(np.mean([np.mean(o) for o in per_seed]))
+    return Estimate(mean, float(lo), float(hi), len(per_seed), int(sum(len(o) for o in per_seed)))
+
+
+def bootstrap_difference(a: list[np.ndarray], b: list[np.ndarray], n_boot: int = 10000, seed: int = 0) -> Estimate:
+    """Mean rate of method ``a`` minus that of ``b``, with a 95% interval (both resampled independently)."""
+    rng = np.random.default_rng(seed)
+    draws = _draws(a, n_boot, rng) - _draws(b, n_boot, rng)
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    mean = float(np.mean([np.mean(o) for o in a]) - np.mean([np.mean(o) for o in b]))
+    return Estimate(mean, float(lo), float(hi), min(len(a), len(b)), int(sum(map(len, a)) + sum(map(len, b))))
+
+
+def verdict(diff: Estimate, claim_sign: int = 1) -> str:
+    """'supported' if the interval excludes 0 on the claimed side, 'contradicted' if on the other,
+    else 'not resolved at this scale'."""
+    if claim_sign * diff.lo > 0 or claim_sign * diff.hi < 0:
+        return "supported" if claim_sign * diff.mean > 0 else "contradicted"
+    return "not resolved at this scale"
