@@ -5,24 +5,29 @@
     python -m studies robustness --budget small --tasks lift
     python -m studies resolution --budget small --tasks lift
     python -m studies diversity --budget small --tasks lift
+    python -m studies report main --budget small --tasks lift,pusht     # the table from what has finished
+    python -m studies main --budget full --tasks lift --launcher slurm --hydra hydra.launcher.partition=gpu
 
 ``--budget small`` fits a 2-core CPU; ``--budget full`` is the paper-scale protocol for a GPU.
-Finished cells are cached under results/cells/, so an interrupted study resumes.
+A study is a list of jobs (train each cell, then each evaluation) run by Hydra's multirun
+launchers (``studies/engine.py``): ``--launcher joblib`` (default) runs as many at once as this
+machine's cores hold, ``--launcher slurm`` submits them to SLURM. Run directories are cached under
+results/cells/: finished jobs are skipped, interrupted trainings resume, a failed job is reported at
+the end without stopping the others. The tables are then built from the run directories
+(``report``, also runnable alone at any time on partial results).
 """
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from studies import common
-from studies.common import BUDGETS, Cell, eval_cell, fmt_rate, pooled, train_cell, train_seconds, write_results
-from studies.corruptions import CORRUPTIONS, obs_corruptor
+from studies import common, engine
+from studies.common import BUDGETS, Cell, Evaluation, fmt_rate, load_eval, pooled, train_seconds, write_results
+from studies.corruptions import CORRUPTIONS
 
 TRAIN_SIZE = {"pusht": 96, "lift": 84, "can": 84}
 EVAL_SIZES = {"pusht": [96, 128], "lift": [84, 112, 128], "can": [84, 112, 128]}
@@ -53,27 +58,44 @@ def cells_for(args, task, budget, extra=()):
             for p in budget["policies"] for a in budget["attentions"] for s in budget["seeds"]]
 
 
-def eval_kwargs(args, budget):
+def eval_kwargs(args, budget) -> dict:
+    """The evaluation settings every study's rollouts share (``evaluate_checkpoint`` keywords)."""
     kw = dict(num_episodes=budget["episodes"], workers=budget["workers"], progress=False)
     if args.max_steps:
         kw["max_steps"] = args.max_steps
     return kw
 
 
-def run_main(args, budget):
+def group_of(cells, task, policy, attention):
+    return [c for c in cells if (c.task, c.policy, c.attention) == (task, policy, attention)]
+
+
+def success_text(pool: dict, seeds: int) -> str:
+    """The success column; a row built before all its seeds are evaluated says how many it pools."""
+    done = len(pool["per_seed"])
+    return fmt_rate(pool) + (f", {done} of {seeds} seeds so far" if done < seeds else "")
+
+
+# Each study is a plan (the cells it trains and the evaluations it runs: its jobs) and a report (its
+# table, built from whatever the run directories hold: a row appears once one of its seeds is evaluated).
+def plan_main(args, budget):
+    cells = [c for t in args.tasks for c in cells_for(args, t, budget)]
+    return cells, [Evaluation(c, "clean", eval_kwargs(args, budget)) for c in cells]
+
+
+def report_main(args, budget):
     rows = []
     cells = [c for t in args.tasks for c in cells_for(args, t, budget)]
-    for c in tqdm(cells, desc="main: train+eval", unit="cell"):
-        train_cell(c, log=tqdm.write)
-        eval_cell(c, "clean", **eval_kwargs(args, budget))
     for t in args.tasks:
         for p in budget["policies"]:
             for a in budget["attentions"]:
-                group = [c for c in cells if (c.task, c.policy, c.attention) == (t, p, a)]
-                pool = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
+                group = group_of(cells, t, p, a)
+                pool = pooled([load_eval(c, "clean") for c in group])
+                if pool is None:  # not evaluated yet
+                    continue
                 secs = [train_seconds(c) for c in group]
                 rows.append({**row_id(args, budget, t, p, a),
-                             "success": fmt_rate(pool), **pool,
+                             "success": success_text(pool, len(group)), **pool,
                              "coverage": f"{pool['mean_max_coverage']:.3f}" if "mean_max_coverage" in pool else "",
                              "train_min": f"{np.mean([s for s in secs if s]) / 60:.1f}" if any(secs) else ""})
 
@@ -96,18 +118,25 @@ def run_main(args, budget):
                                f"on held-out seeds from 100000. Rows of earlier runs on this budget are kept.")
 
 
-def run_data_efficiency(args, budget):
+
+def efficiency_groups(args, budget):
+    """(task, demos, attention) -> the cells trained on the first ``demos`` demonstrations (first policy)."""
+    return {(t, n, a): [make_cell(args, budget, t, budget["policies"][0], a, s, [f"train.max_episodes={n}"]) for s in budget["seeds"]]
+            for t in args.tasks for n in budget["demos"] for a in budget["attentions"]}
+
+
+def plan_data_efficiency(args, budget):
+    cells = [c for group in efficiency_groups(args, budget).values() for c in group]
+    return cells, [Evaluation(c, "clean", eval_kwargs(args, budget)) for c in cells]
+
+
+def report_data_efficiency(args, budget):
     rows = []
-    for t in args.tasks:
-        for n in tqdm(budget["demos"], desc=f"data efficiency {t}", unit="size"):
-            for c_att in budget["attentions"]:
-                group = [make_cell(args, budget, t, p, c_att, s, [f"train.max_episodes={n}"])
-                         for p in budget["policies"][:1] for s in budget["seeds"]]
-                for c in group:
-                    train_cell(c, log=tqdm.write)
-                pool = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
-                rows.append({**row_id(args, budget, t, budget["policies"][0], c_att), "demos": n,
-                             "success": fmt_rate(pool), **pool})
+    for (t, n, a), group in efficiency_groups(args, budget).items():
+        pool = pooled([load_eval(c, "clean") for c in group])
+        if pool is not None:
+            rows.append({**row_id(args, budget, t, budget["policies"][0], a), "demos": n,
+                         "success": success_text(pool, len(group)), **pool})
 
     def plot(plt, rows):
         fig, ax = plt.subplots(figsize=(4.5, 3))
@@ -132,27 +161,33 @@ def run_data_efficiency(args, budget):
                          title="Data efficiency: success vs number of demonstrations", plot=plot, merge_on=EFFICIENCY_KEYS)
 
 
-def run_robustness(args, budget):
+
+CORRUPTED = [(kind, sev) for kind in CORRUPTIONS for sev in (1, 2, 3)]
+
+
+def plan_robustness(args, budget):
+    cells = [c for t in args.tasks for c in cells_for(args, t, budget)]
+    evals = [Evaluation(c, "clean", eval_kwargs(args, budget)) for c in cells]
+    evals += [Evaluation(c, f"{kind}_{sev}", eval_kwargs(args, budget), corruption=(kind, sev)) for c in cells for kind, sev in CORRUPTED]
+    return cells, evals
+
+
+def report_robustness(args, budget):
     rows = []
     for t in args.tasks:
-        for c in tqdm(cells_for(args, t, budget), desc=f"robustness {t}", unit="cell"):
-            last = train_cell(c, log=tqdm.write)
-        # the cameras the policies see, as the trained config names them
-        from policies.checkpoint import read_checkpoint_meta
-
-        shapes = read_checkpoint_meta(last)["policy_config"]["input_shapes"]
-        image_keys = [k for k, s in shapes.items() if len(s) == 3]
+        cells = cells_for(args, t, budget)
         for p in budget["policies"]:
             for a in budget["attentions"]:
-                group = [c for c in cells_for(args, t, budget) if (c.policy, c.attention) == (p, a)]
+                group = group_of(cells, t, p, a)
+                clean = pooled([load_eval(c, "clean") for c in group])
+                if clean is None:
+                    continue
                 row = row_id(args, budget, t, p, a)
-                clean = pooled([eval_cell(c, "clean", **eval_kwargs(args, budget)) for c in group])
                 row["clean"] = f"{100 * clean['success_rate']:.0f}%"
                 row["rates"] = {"clean": clean["success_rate"]}
-                for kind in CORRUPTIONS:
-                    for sev in (1, 2, 3):
-                        res = pooled([eval_cell(c, f"{kind}_{sev}", obs_transform=obs_corruptor(kind, sev, image_keys), **eval_kwargs(args, budget))
-                                      for c in group])
+                for kind, sev in CORRUPTED:
+                    res = pooled([load_eval(c, f"{kind}_{sev}") for c in group])
+                    if res is not None:
                         row[f"{kind}_{sev}"] = f"{100 * res['success_rate']:.0f}%"
                         row["rates"][f"{kind}_{sev}"] = res["success_rate"]
                 rows.append(row)
@@ -163,7 +198,8 @@ def run_robustness(args, budget):
         fig, axes = plt.subplots(1, len(CORRUPTIONS), figsize=(3 * len(CORRUPTIONS), 2.8), sharey=True)
         for ax, kind in zip(axes, CORRUPTIONS):
             for r in rows:
-                ax.plot([0, 1, 2, 3], [r["rates"]["clean"]] + [r["rates"][f"{kind}_{s}"] for s in (1, 2, 3)], marker="o",
+                sevs = [0] + [s for s in (1, 2, 3) if f"{kind}_{s}" in r["rates"]]  # partial results: what has run
+                ax.plot(sevs, [r["rates"]["clean"]] + [r["rates"][f"{kind}_{s}"] for s in sevs[1:]], marker="o",
                         label=f"{r['task']} {r['policy']} {r['attention']}")
             ax.set_title(kind, fontsize=9)
             ax.set_xlabel("severity")
@@ -176,48 +212,50 @@ def run_robustness(args, budget):
                          notes="Corruptions are applied to every camera image the policy sees; severity 0 = clean.")
 
 
-def fib_train_window(cell: Cell) -> int:
-    """Fibottention's default window of a trained cell: N // 3 of its training patch grid."""
-    from policies.checkpoint import read_checkpoint_meta
-    from policies.vision.masks import default_w_max
+def resolution_variants(attention: str) -> list[tuple[str, str | None]]:
+    """(row label, variant) of one attention kind on larger images."""
+    variants = [(attention, None)]
+    if attention.startswith("lookhere"):
+        variants.append((f"{attention} (s_g scaled)", "slope"))
+    if attention == "fibottention":
+        # keep each cell's training window (N // 3 of the training grid), not the larger grid's
+        variants.append((f"{attention} (training window)", "window"))
+        # the 1-D offsets' 2-D meaning on the training grid, kept on the larger grid
+        variants.append((f"{attention} (training-grid 2-D offsets)", "grid2d"))
+    return variants
 
-    vit = read_checkpoint_meta(cell.run_dir / "checkpoints" / "last")["policy_config"]["vit"]
-    if vit["attention"].get("w_max") is not None:
-        return int(vit["attention"]["w_max"])
-    return default_w_max(vit["base_grid"][0] * vit["base_grid"][1])
+
+def resolution_eval(args, budget, cell: Cell, size: int, variant: str | None) -> Evaluation:
+    kw = dict(eval_kwargs(args, budget), image_size=size)
+    if variant == "slope":  # the paper lowers the global slope on larger images
+        kw["global_slope"] = TRAIN_SIZE[cell.task] / size
+    if variant == "grid2d":
+        kw["offset_grid"] = "train"
+    return Evaluation(cell, f"size{size}{'_' + variant if variant else ''}", kw, train_window=variant == "window")
 
 
-def run_resolution(args, budget):
+def plan_resolution(args, budget):
+    cells = [c for t in args.tasks for c in cells_for(args, t, budget)]
+    return cells, [resolution_eval(args, budget, c, size, variant) for c in cells
+                   for _, variant in resolution_variants(c.attention) for size in EVAL_SIZES[c.task]]
+
+
+def report_resolution(args, budget):
     rows = []
     for t in args.tasks:
-        for c in tqdm(cells_for(args, t, budget), desc=f"resolution {t}", unit="cell"):
-            train_cell(c, log=tqdm.write)
+        cells = cells_for(args, t, budget)
         for p in budget["policies"]:
             for a in budget["attentions"]:
-                group = [c for c in cells_for(args, t, budget) if (c.policy, c.attention) == (p, a)]
-                variants = [(a, None)]
-                if a.startswith("lookhere"):
-                    variants.append((f"{a} (s_g scaled)", "slope"))
-                if a == "fibottention":
-                    variants.append((f"{a} (training window)", "window"))
-                    # the 1-D offsets' 2-D meaning on the training grid, kept on the larger grid
-                    variants.append((f"{a} (training-grid 2-D offsets)", "grid2d"))
-                # keep each cell's training window (N // 3 of the training grid), not the larger grid's
-                windows = {c.key: fib_train_window(c) for c in group} if a == "fibottention" else {}
-                for label, variant in variants:
+                group = group_of(cells, t, p, a)
+                for label, variant in resolution_variants(a):
                     row = {**row_id(args, budget, t, p, a, label), "rates": {}}
                     for size in EVAL_SIZES[t]:
-                        kw = dict(eval_kwargs(args, budget), image_size=size)
-                        if variant == "slope":  # the paper lowers the global slope on larger images
-                            kw["global_slope"] = TRAIN_SIZE[t] / size
-                        if variant == "grid2d":
-                            kw["offset_grid"] = "train"
-                        name = f"size{size}{'_' + variant if variant else ''}"
-                        res = pooled([eval_cell(c, name, **kw, **({"w_max": windows[c.key]} if variant == "window" else {}))
-                                      for c in group])
-                        row[f"size{size}"] = f"{100 * res['success_rate']:.0f}%"
-                        row["rates"][size] = res["success_rate"]
-                    rows.append(row)
+                        res = pooled([resolution_eval(args, budget, c, size, variant).result() for c in group])
+                        if res is not None:
+                            row[f"size{size}"] = f"{100 * res['success_rate']:.0f}%"
+                            row["rates"][size] = res["success_rate"]
+                    if row["rates"]:
+                        rows.append(row)
     # every task's sizes: rows of other tasks kept from earlier runs fill their own columns
     sizes = sorted({s for t in EVAL_SIZES for s in EVAL_SIZES[t]})
     cols = [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("steps", "steps")]
@@ -243,7 +281,16 @@ def run_resolution(args, budget):
                                "them. Full/Fibottention interpolate their learned position embedding; LookHere rebuilds its masks.")
 
 
-def run_diversity(args, budget):
+def diversity_cells(args, budget, task):
+    return [c for c in cells_for(args, task, budget) if c.seed == budget["seeds"][0]]
+
+
+def plan_diversity(args, budget):
+    return [c for t in args.tasks for c in diversity_cells(args, budget, t)], []
+
+
+def report_diversity(args, budget):
+    """Measured here, on the trained encoders (32 frames through each ViT: seconds on a CPU)."""
     from core.config import TaskConfig, from_dict
     from datasets.factory import make_dataset
     from policies.checkpoint import load_policy, read_checkpoint_meta
@@ -252,14 +299,14 @@ def run_diversity(args, budget):
 
     rows, maps = [], {}
     for t in args.tasks:
-        cells = [c for c in cells_for(args, t, budget) if c.seed == budget["seeds"][0]]
-        for c in cells:
-            train_cell(c, log=tqdm.write)
-        meta = read_checkpoint_meta(cells[0].run_dir / "checkpoints" / "last")
+        cells = [c for c in diversity_cells(args, budget, t) if c.finished()]
+        if not cells:
+            continue
+        meta = read_checkpoint_meta(cells[0].run_dir)
         data = make_dataset(from_dict(TaskConfig, meta["cfg"]["task"]), meta["policy_config"]["input_shapes"])
         idx = np.linspace(0, data.num_frames - 1, 32).astype(int)
         for c in cells:
-            policy = load_policy(c.run_dir / "checkpoints" / "last")
+            policy = load_policy(c.run_dir)
             enc = policy.obs_encoder
             key = policy.config.image_keys[0]  # the first camera's encoder
             x = torch.from_numpy(data.data[key][idx]).permute(0, 3, 1, 2).float() / 255.0  # (32, C, H, W)
@@ -297,12 +344,80 @@ def run_diversity(args, budget):
                                "0 means identical heads. The plot shows each head's attention (last layer, CLS query) on one frame.")
 
 
-RUNNERS = {"main": run_main, "data_efficiency": run_data_efficiency, "robustness": run_robustness,
-           "resolution": run_resolution, "diversity": run_diversity}
+PLANS = {"main": plan_main, "data_efficiency": plan_data_efficiency, "robustness": plan_robustness,
+         "resolution": plan_resolution, "diversity": plan_diversity}
+REPORTS = {"main": report_main, "data_efficiency": report_data_efficiency, "robustness": report_robustness,
+           "resolution": report_resolution, "diversity": report_diversity}
+# options that choose how the jobs run, not what they compute: left out of the command a table row records
+ENGINE_OPTIONS = {"--launcher": True, "--jobs": True, "--gpus-per-cell": True, "--procs-per-cell": True, "--hydra": True}
+
+
+def study_command(argv: list[str]) -> str:
+    """``python -m studies <study> ...`` as a table records it: without ``report`` and the engine options."""
+    words, skip = [], False
+    for i, w in enumerate(argv):
+        if skip:
+            skip = False
+        elif i == 0 and w == "report":
+            pass
+        elif w in ENGINE_OPTIONS:
+            skip = ENGINE_OPTIONS[w]
+        elif w.split("=", 1)[0] in ENGINE_OPTIONS:
+            pass
+        else:
+            words.append(w)
+    return "python -m studies " + shlex.join(words)
+
+
+def run_jobs(args, budget, cells: list[Cell], evals: list[Evaluation], log=print) -> list[engine.Outcome]:
+    """Train every cell that is not finished, then run every evaluation not yet cached: two sweeps of
+    the engine. Returns the outcomes of the jobs that failed (or could not start)."""
+    failed: list[engine.Outcome] = []
+    unique = {c.key: c for c in [*cells, *(e.cell for e in evals)]}
+    steps, threads, todo = {}, set(), []
+    for key, c in unique.items():
+        try:
+            cfg = c.config()
+        except Exception as exc:  # a cell whose overrides do not compose: reported, the others go on
+            failed.append(engine.Outcome(f"train {key}", "failed", f"config: {type(exc).__name__}: {' '.join(str(exc).split())}"))
+            continue
+        steps[key] = cfg.train.steps
+        threads.add(cfg.train.num_threads)
+        if not c.finished(cfg.train.steps):
+            todo.append(c)
+    per_job = None if None in threads or not threads else max(threads)
+    if len(todo) < len(steps):
+        log(f"train: {len(steps) - len(todo)} cell(s) already trained")
+    gpus = args.gpus_per_cell
+    outcomes = engine.launch([{"kind": "train", "cell": c.to_json()} for c in todo], stage="train", study=args.study,
+                             launcher=args.launcher, threads=per_job, n_jobs=args.jobs, gpus_per_job=gpus,
+                             procs_per_job=args.procs_per_cell or max(1, gpus), overrides=args.hydra, log=log)
+    failed += [o for o in outcomes if not o.ok]
+    pending = [e for e in evals if e.result() is None]
+    runnable = [e for e in pending if e.cell.key in steps and e.cell.finished(steps[e.cell.key])]
+    ready = {id(e) for e in runnable}
+    for e in pending:
+        if id(e) not in ready:
+            failed.append(engine.Outcome(f"eval {e.cell.key} {e.name}", "failed", "not run: its cell did not finish training"))
+    if len(pending) < len(evals):
+        log(f"eval: {len(evals) - len(pending)} evaluation(s) already done")
+    # an evaluation: the policy's threads and its environment workers (processes) share the cores
+    cost = max(budget["workers"], per_job or engine.available_cores())
+    outcomes = engine.launch([{"kind": "eval", **e.to_json()} for e in runnable], stage="eval", study=args.study,
+                             launcher=args.launcher, threads=per_job, gpus_per_job=min(1, gpus),
+                             n_jobs=args.jobs or engine.parallel_jobs(cost, len(runnable)),
+                             cpus_per_job=max(per_job or 1, budget["workers"]) if per_job or budget["workers"] else None,
+                             overrides=args.hydra, log=log)
+    failed += [o for o in outcomes if not o.ok]
+    return failed
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(prog="python -m studies", description=__doc__.splitlines()[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    report_only = bool(argv) and argv[0] == "report"
+    parser = argparse.ArgumentParser(prog="python -m studies", description=__doc__.splitlines()[0],
+                                     epilog="python -m studies report <study> [same options]: only build the table from the "
+                                            "run directories (any time, on partial results)")
     parser.add_argument("study", choices=STUDIES)
     parser.add_argument("--budget", choices=sorted(BUDGETS) + ["tiny"], default="full")
     parser.add_argument("--tasks", default="lift", help="comma-separated: pusht,lift,can")
@@ -313,13 +428,23 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--episodes", type=int, help="override the budget's evaluation episodes per seed")
     parser.add_argument("--seeds", help="override the budget's training seeds, comma-separated")
     parser.add_argument("--results", default=str(common.RESULTS), help="results root (default results/)")
+    engine_opts = parser.add_argument_group("how the jobs run (Hydra multirun launchers, studies/engine.py)")
+    engine_opts.add_argument("--launcher", choices=list(engine.LAUNCHERS), default="joblib",
+                             help="joblib: this machine (default); slurm: a SLURM cluster (submitit); submitit_local: "
+                                  "submitit's local mode; basic: one job after another")
+    engine_opts.add_argument("--jobs", type=int, help="jobs at once on this machine (default: cores // train.num_threads)")
+    engine_opts.add_argument("--gpus-per-cell", type=int, default=0,
+                             help="submitit launchers: GPUs per training job, one DDP process each (evaluations take one)")
+    engine_opts.add_argument("--procs-per-cell", type=int,
+                             help="submitit launchers: DDP processes per training job (default: --gpus-per-cell, or 1)")
+    engine_opts.add_argument("--hydra", action="append", default=[], metavar="OVERRIDE",
+                             help="a Hydra override for the launcher, e.g. hydra.launcher.partition=gpu (repeatable)")
     parser.add_argument("extra", nargs="*", help="extra training overrides for every cell, e.g. policy.vit.dim=64")
-    args = parser.parse_intermixed_args(argv)
+    args = parser.parse_intermixed_args(argv[1:] if report_only else argv)
     args.tasks = args.tasks.split(",")
-    common.RESULTS = Path(args.results)
-    common.CELLS = common.RESULTS / "cells"
+    common.set_results(args.results)
     common.BUDGET_NAME = args.budget
-    common.COMMAND = "python -m studies " + shlex.join(sys.argv[1:] if argv is None else argv)
+    common.COMMAND = study_command(argv)
     budget = dict(TINY if args.budget == "tiny" else BUDGETS[args.budget])
     if args.policies:
         budget["policies"] = args.policies.split(",")
@@ -331,8 +456,15 @@ def main(argv: list[str] | None = None):
         budget["episodes"] = args.episodes
     if args.seeds:
         budget["seeds"] = [int(x) for x in args.seeds.split(",")]
-    out = RUNNERS[args.study](args, budget)
+    failed = [] if report_only else run_jobs(args, budget, *PLANS[args.study](args, budget))
+    out = REPORTS[args.study](args, budget)
     print((out / "table.md").read_text())
+    if failed:
+        print(f"{len(failed)} job(s) failed; the table holds what finished. Rerun the same command to retry them "
+              f"(finished jobs are skipped):", file=sys.stderr)
+        for o in failed:
+            print(f"  {o.label}: {o.message}" + (f"  (log: {o.log})" if o.log else ""), file=sys.stderr)
+        raise SystemExit(1)
     return out
 
 

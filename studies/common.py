@@ -1,9 +1,13 @@
-"""Shared machinery of the studies: cached training/evaluation cells and result writing.
+"""Shared machinery of the studies: cells, their training and evaluation jobs, result writing.
 
 A cell is one training run identified by its config overrides; its directory name is a hash of
 them, so every study reuses the checkpoints another study already trained (the robustness and
-resolution studies evaluate the main comparison's checkpoints). A finished cell is skipped, an
-interrupted one resumes from its last checkpoint, and each evaluation is cached as JSON.
+resolution studies evaluate the main comparison's checkpoints). A study is a list of jobs (a
+``Cell`` to train, an ``Evaluation`` of a trained cell) that ``studies.engine`` hands to Hydra's
+multirun launchers; each job skips what is already done: a cell whose newest checkpoint reached
+``train.steps`` is not trained again, an interrupted one resumes from that checkpoint, and an
+evaluation whose JSON exists (``<run_dir>/evals/<name>.json``) is not run again. The tables are
+built from the run directories alone, so they can be written at any time from partial results.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 RESULTS = Path("results")
@@ -44,6 +48,13 @@ BUDGETS = {
 }
 
 
+def set_results(root) -> None:
+    """Point the studies at another results root (its cells/ hold the run directories)."""
+    global RESULTS, CELLS
+    RESULTS = Path(root)
+    CELLS = RESULTS / "cells"
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -70,9 +81,20 @@ class Cell:
 
     def config(self):
         """The composed training config, exactly as ``train_policy.py <overrides>`` builds it."""
+        from hydra.core.global_hydra import GlobalHydra
+
+        overrides = self.overrides() + [f"run_dir={self.run_dir}"]
+        if GlobalHydra.instance().is_initialized():
+            # inside a study job, itself a Hydra app on configs/: compose with the app's search path
+            from hydra import compose as hydra_compose
+
+            from core.config import register_configs, to_object
+
+            register_configs()
+            return to_object(hydra_compose(config_name="config", overrides=overrides))
         from core.config import compose
 
-        return compose("config", self.overrides() + [f"run_dir={self.run_dir}"])
+        return compose("config", overrides)
 
     @property
     def key(self) -> str:
@@ -83,45 +105,127 @@ class Cell:
     def run_dir(self) -> Path:
         return CELLS / self.key
 
+    def to_json(self) -> dict:
+        return asdict(self)
 
-def train_cell(cell: Cell, log=print) -> Path:
-    """Train (or resume, or skip) one cell; returns its newest checkpoint."""
+    def trained_step(self) -> int | None:
+        """The step of the newest complete checkpoint, or None."""
+        from policies.checkpoint import newest_checkpoint
+
+        last = newest_checkpoint(self.run_dir / "checkpoints")
+        return None if last is None else int(_saved_state(last)["step"])
+
+    def finished(self, steps: int | None = None) -> bool:
+        """Trained to ``train.steps`` (``steps``: that value, when the caller composed it already)."""
+        step = self.trained_step()
+        return step is not None and step >= (steps if steps is not None else self.config().train.steps)
+
+
+def _saved_state(checkpoint: Path) -> dict:
+    """The scalar entries of a checkpoint's training state (step, train_seconds), without its tensors."""
+    return json.loads((Path(checkpoint) / "training_state.json").read_text())["__dict__"]
+
+
+def train_cell(cell: Cell, log=print) -> Path | None:
+    """Train (or resume, or skip) one cell; returns its newest checkpoint (None on torchrun ranks > 0)."""
     from dataclasses import replace
 
     from core.training import train
-    from policies.checkpoint import load_training_state, newest_checkpoint
+    from policies.checkpoint import newest_checkpoint
 
     cfg = cell.config()
     last = newest_checkpoint(cell.run_dir / "checkpoints")
     resume, timed = False, True
     if last is not None:
-        state = load_training_state(last)
+        state = _saved_state(last)
         if int(state["step"]) >= cfg.train.steps:
             return last
         resume = True
         timed = "train_seconds" in state  # checkpoints older than the running total give a partial time
         log(f"resuming {cell.key} at step {state['step']}")
     result = train(replace(cfg, resume=resume))
-    if timed:  # wall time summed over the interrupted run and its resumptions
+    if timed and result.checkpoint is not None:  # wall time summed over the interrupted run and its resumptions
         info = {"train_seconds": result.train_seconds, "overrides": cell.overrides(), "resumed": resume}
         (cell.run_dir / "train_info.json").write_text(json.dumps(info, indent=2))
     return result.checkpoint
 
 
-def eval_cell(cell: Cell, name: str, **kwargs) -> dict:
-    """Evaluate a trained cell once per (name, settings); cached in the cell's evals/ folder."""
-    from core.evaluation import evaluate_checkpoint
+@dataclass
+class Evaluation:
+    """One evaluation of a trained cell, cached as ``<run_dir>/evals/<name>.json``.
 
-    path = cell.run_dir / "evals" / f"{name}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    summary = evaluate_checkpoint(cell.run_dir, out_dir=None, num_videos=0, **kwargs)
-    summary.pop("episodes", None)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(path)
-    return summary
+    Everything is plain data, so a job can be written down before the cell is trained: the
+    settings ``options`` of ``core.evaluation.evaluate_checkpoint``, a ``corruption`` (kind,
+    severity) of every camera the policy sees, and ``train_window``: Fibottention's widest window
+    held at the one the cell trained with (``w_max`` = N // 3 of the training grid).
+    """
+
+    cell: Cell
+    name: str
+    options: dict = field(default_factory=dict)
+    corruption: tuple | None = None
+    train_window: bool = False
+
+    @property
+    def path(self) -> Path:
+        return self.cell.run_dir / "evals" / f"{self.name}.json"
+
+    def result(self) -> dict | None:
+        return json.loads(self.path.read_text()) if self.path.exists() else None
+
+    def to_json(self) -> dict:
+        return {"cell": self.cell.to_json(), "name": self.name, "options": self.options,
+                "corruption": list(self.corruption) if self.corruption else None, "train_window": self.train_window}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Evaluation":
+        return cls(Cell(**d["cell"]), d["name"], dict(d["options"]), tuple(d["corruption"]) if d["corruption"] else None,
+                   bool(d["train_window"]))
+
+    def run(self, device="cpu") -> dict:
+        """Evaluate (or return the cached summary); refuses a cell that has not finished training."""
+        from core.evaluation import evaluate_checkpoint
+        from policies.checkpoint import read_checkpoint_meta
+
+        cached = self.result()
+        if cached is not None:
+            return cached
+        step, steps = self.cell.trained_step(), self.cell.config().train.steps
+        if step is None or step < steps:
+            raise FileNotFoundError(f"cell {self.cell.key} is not trained (newest checkpoint: step {step}, train.steps={steps}): "
+                                    f"train it first (python -m studies <study> ... trains before it evaluates)")
+        kwargs = dict(self.options)
+        if self.corruption:
+            from studies.corruptions import obs_corruptor
+
+            shapes = read_checkpoint_meta(self.cell.run_dir)["policy_config"]["input_shapes"]
+            kind, severity = self.corruption
+            kwargs["obs_transform"] = obs_corruptor(kind, int(severity), [k for k, s in shapes.items() if len(s) == 3])
+        if self.train_window:
+            kwargs["w_max"] = fib_train_window(self.cell)
+        summary = evaluate_checkpoint(self.cell.run_dir, out_dir=None, num_videos=0, device=device, **kwargs)
+        summary.pop("episodes", None)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(self.path)
+        return summary
+
+
+def fib_train_window(cell: Cell) -> int:
+    """Fibottention's default window of a trained cell: N // 3 of its training patch grid."""
+    from policies.checkpoint import read_checkpoint_meta
+    from policies.vision.masks import default_w_max
+
+    vit = read_checkpoint_meta(cell.run_dir)["policy_config"]["vit"]
+    if vit["attention"].get("w_max") is not None:
+        return int(vit["attention"]["w_max"])
+    return default_w_max(vit["base_grid"][0] * vit["base_grid"][1])
+
+
+def load_eval(cell: Cell, name: str) -> dict | None:
+    """A cell's cached evaluation ``name``, or None if it has not run (yet)."""
+    return Evaluation(cell, name).result()
 
 
 def train_seconds(cell: Cell) -> float | None:
@@ -129,10 +233,17 @@ def train_seconds(cell: Cell) -> float | None:
     return json.loads(p.read_text())["train_seconds"] if p.exists() else None
 
 
-def pooled(summaries: list[dict]) -> dict:
-    """Pool episodes over training seeds: successes / episodes with a Wilson interval."""
+def pooled(summaries: list[dict | None]) -> dict | None:
+    """Pool episodes over training seeds: successes / episodes with a Wilson interval.
+
+    Evaluations that have not run (None) are left out (``per_seed`` has one rate per seed that
+    has one); with none at all, None.
+    """
     from core.evaluation import wilson_interval
 
+    summaries = [s for s in summaries if s is not None]
+    if not summaries:
+        return None
     n = sum(s["num_episodes"] for s in summaries)
     k = sum(s["successes"] for s in summaries)
     lo, hi = wilson_interval(k, n)
@@ -187,7 +298,7 @@ def write_results(study: str, rows: list[dict], columns: list[tuple[str, str]], 
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(k, "")) for k, _ in columns) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
-    if plot is not None:
+    if plot is not None and rows:  # partial results may have no row yet
         import matplotlib
 
         matplotlib.use("Agg")

@@ -1,4 +1,5 @@
-"""Each study end to end at a tiny size, plus the invariants of its measurements."""
+"""Each study end to end at a tiny size, plus the invariants of its measurements, and the engine
+(Hydra multirun launchers) that runs a study's jobs."""
 import json
 
 import numpy as np
@@ -10,14 +11,18 @@ from studies.__main__ import main as studies_main
 from studies.corruptions import CORRUPTIONS, corrupt
 from studies.diversity import head_diversity, linear_cka
 
-TINY_ARGS = ["--budget", "tiny", "--tasks", "pusht", "--max-steps", "3"]
+# Hydra's basic launcher: the jobs of each stage one after another in one process (the quickest here)
+TINY_ARGS = ["--budget", "tiny", "--tasks", "pusht", "--max-steps", "3", "--launcher", "basic"]
+
+
+TINY_STEPS = ["train.steps=2", "train.batch_size=4", "train.checkpoint_every=2"]
 
 
 @pytest.fixture
 def tiny_extra(tiny_pusht_zarr):
     from tests.helpers import TINY_POLICY
 
-    return [f"task.dataset.path={tiny_pusht_zarr}", "train.val_fraction=0.34", *TINY_POLICY]
+    return [f"task.dataset.path={tiny_pusht_zarr}", "train.val_fraction=0.34", "train.num_threads=1", *TINY_POLICY]
 
 
 @pytest.mark.parametrize("study", ["main", "data_efficiency", "robustness", "resolution", "diversity"])
@@ -42,7 +47,7 @@ def test_resolution_study_evaluates_fibottentions_variants(tmp_path, tiny_extra)
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["attention"] for r in rows] == ["fibottention", "fibottention (training window)",
                                               "fibottention (training-grid 2-D offsets)"]
-    cell = next((tmp_path / "r" / "cells").iterdir())
+    cell = next(p for p in (tmp_path / "r" / "cells").iterdir() if not p.name.startswith("."))  # .sweeps: the engine's
     grid2d = json.loads((cell / "evals" / "size128_grid2d.json").read_text())
     assert grid2d["image_size"] == 128 and len(grid2d["attention_overrides"]["offset_grid"]) == 2
 
@@ -50,7 +55,7 @@ def test_resolution_study_evaluates_fibottentions_variants(tmp_path, tiny_extra)
 def test_study_cells_are_cached(tmp_path, tiny_extra):
     args = ["main", *TINY_ARGS, "--results", str(tmp_path / "r"), *tiny_extra]
     studies_main(args)
-    cells = sorted((tmp_path / "r" / "cells").iterdir())
+    cells = sorted(p for p in (tmp_path / "r" / "cells").iterdir() if not p.name.startswith("."))
     stamps = [(c / "checkpoints" / "last" / "model.safetensors").stat().st_mtime_ns for c in cells]
     studies_main(args)
     assert [(c / "checkpoints" / "last" / "model.safetensors").stat().st_mtime_ns for c in cells] == stamps
@@ -168,3 +173,128 @@ def test_the_cpu_recipes_hold_what_the_studies_measured():
     assert pusht.task.dataset.path == "data/pusht/demos1000.zarr"
     bare = compose("config", ["task=lift", "policy=bc", "attention=full", "recipe=none"])
     assert (bare.task.crop_size, bare.train.steps, len(bare.policy.input_shapes)) == (76, 20000, 5)
+
+
+# --- the engine: Hydra's launchers run the jobs, a separate step builds the table -------------------
+def test_a_2x2_grid_runs_on_submitit_and_the_report_step_builds_its_table(tmp_path, tiny_extra):
+    """The cluster path (submitit) in its local mode: 2 attentions x 2 seeds, each job its own process."""
+    results = tmp_path / "r"
+    args = ["main", "--budget", "tiny", "--tasks", "pusht", "--max-steps", "3", "--attentions", "full,lookhere",
+            "--seeds", "0,1", "--results", str(results), "--launcher", "submitit_local", *tiny_extra]
+    studies_main(args)
+    cells = sorted(p for p in (results / "cells").iterdir() if not p.name.startswith("."))
+    assert [c.name.split("_s")[0] for c in cells] == ["pusht_bc_full"] * 2 + ["pusht_bc_lookhere"] * 2
+    pids = set()
+    for c in cells:
+        state = json.loads((c / "checkpoints" / "last" / "training_state.json").read_text())["__dict__"]
+        assert state["step"] == 2
+        assert json.loads((c / "evals" / "clean.json").read_text())["num_episodes"] == 1
+        assert "=== done" in (c / "logs" / "train.log").read_text()
+    sweeps = sorted((results / "cells" / ".sweeps").iterdir())
+    assert sorted(s.name.split("_")[-2] for s in sweeps) == ["eval", "train"]
+    for sweep in sweeps:
+        statuses = [json.loads(f.read_text()) for f in (sweep / "status").iterdir()]
+        assert sorted(st["status"] for st in statuses) == ["done"] * 4
+        pids |= {st["pid"] for st in statuses}
+        assert (sweep / ".submitit").is_dir()  # submitit ran them
+    assert len(pids) == 8  # every job in a process of its own
+
+    # the report step alone, on partial results: one seed's evaluation of "full" is missing
+    (results / "main").rename(tmp_path / "first_table")
+    next(c for c in cells if "full" in c.name).joinpath("evals", "clean.json").unlink()
+    out = studies_main(["report", *args])
+    rows = {r["attention"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert (rows["full"]["episodes"], rows["lookhere"]["episodes"]) == (1, 2)
+    assert rows["full"]["success"].endswith(", 1 of 2 seeds so far") and "so far" not in rows["lookhere"]["success"]
+    assert rows["lookhere"]["per_seed"] and len(rows["lookhere"]["per_seed"]) == 2
+    assert json.loads((out / "results.json").read_text())["command"].startswith("python -m studies main --budget tiny")
+    assert "submitit_local" not in (out / "table.md").read_text()  # how the jobs ran is not part of the result
+    assert len(list((results / "cells" / ".sweeps").iterdir())) == 2  # the report launched nothing
+
+
+def test_a_failed_job_is_reported_and_the_others_of_its_sweep_finish(tmp_path, tiny_extra):
+    from studies import engine
+    from studies.common import Cell
+
+    common.set_results(tmp_path / "r")
+    try:
+        good = Cell("pusht", "bc", "full", 0, "none", [*TINY_STEPS, *tiny_extra])
+        bad = Cell("pusht", "bc", "full", 0, "none", [*TINY_STEPS, *tiny_extra, "task.dataset.path=/nonexistent/pusht.zarr"])
+        jobs = [{"kind": "train", "cell": bad.to_json()}, {"kind": "train", "cell": good.to_json()},
+                {"kind": "eval", **common.Evaluation(bad, "clean", {"num_episodes": 1}).to_json()}]
+        outcomes = engine.launch(jobs, stage="train", study="test", launcher="joblib", n_jobs=2)
+        assert [o.status for o in outcomes] == ["failed", "done", "failed"]
+        assert "/nonexistent/pusht.zarr" in outcomes[0].message and "not trained" in outcomes[2].message
+        assert "Traceback" in (bad.run_dir / "logs" / "train.log").read_text()
+        assert good.finished()
+        again = engine.launch(jobs[1:2], stage="train", study="test", launcher="joblib")
+        assert [o.status for o in again] == ["skipped"]
+    finally:
+        common.set_results("results")
+
+
+def test_a_cell_that_does_not_compose_fails_alone_and_the_study_says_so(tmp_path, tiny_extra, capsys):
+    args = ["main", *TINY_ARGS, "--attentions", "full,lookhere:7", "--results", str(tmp_path / "r"), *tiny_extra]
+    with pytest.raises(SystemExit) as exit_info:
+        studies_main(args)
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "2 job(s) failed" in err and "not run: its cell did not finish training" in err and "attention.variant='7' is unknown" in err
+    rows = json.loads((tmp_path / "r" / "main" / "results.json").read_text())["rows"]
+    assert [r["attention"] for r in rows] == ["full"]
+
+
+def test_as_many_jobs_run_at_once_as_the_cores_hold():
+    from studies.engine import parallel_jobs
+
+    assert parallel_jobs(1, 4, cores=2) == 2  # this machine: two single-thread cells
+    assert parallel_jobs(1, 1, cores=2) == 1
+    assert parallel_jobs(4, 9, cores=16) == 4
+    assert parallel_jobs(None, 4, cores=16) == 1  # torch's default takes every core
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "slurm"])
+def test_the_launcher_switch_picks_the_engine_and_sizes_the_jobs(launcher, tmp_path, monkeypatch):
+    import subprocess
+
+    from studies import engine
+
+    seen = {}
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: seen.update(cmd=cmd) or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(engine, "available_cores", lambda: 2)
+    common.set_results(tmp_path / "r")
+    try:
+        job = {"kind": "train", "cell": common.Cell("lift", "bc", "full", 0).to_json()}
+        out = engine.launch([job] * 3, stage="train", study="main", launcher=launcher, threads=1, gpus_per_job=2,
+                            procs_per_job=2, overrides=["hydra.launcher.partition=gpu"])
+    finally:
+        common.set_results("results")
+    assert [o.status for o in out] == ["lost"] * 3  # nothing ran: no job wrote its status
+    cmd = seen["cmd"]
+    assert cmd[1:4] == ["-m", "studies.job", "--multirun"] and "job=range(0,3)" in cmd
+    if launcher == "joblib":
+        assert "hydra/launcher=joblib" in cmd and "hydra.launcher.n_jobs=2" in cmd
+    else:
+        assert "hydra/launcher=study_slurm" in cmd
+        assert {"hydra.launcher.cpus_per_task=1", "hydra.launcher.gpus_per_node=2", "hydra.launcher.tasks_per_node=2"} <= set(cmd)
+    assert cmd[-1] == "hydra.launcher.partition=gpu"
+
+
+def test_the_slurm_launcher_config_extends_submitit_and_requeues_on_timeout():
+    from hydra import compose, initialize_config_dir
+
+    import studies.job  # noqa: F401  (registers the job's schema)
+    from core.config import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("study_job", ["manifest=m.json", "job=0", "hydra/launcher=study_slurm"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher") and launcher.max_num_timeout == 3 and launcher.timeout_min == 1440
+
+
+def test_the_command_a_table_records_leaves_out_how_the_jobs_ran():
+    from studies.__main__ import study_command
+
+    argv = ["report", "main", "--budget", "small", "--launcher", "slurm", "--hydra", "hydra.launcher.partition=gpu",
+            "--jobs=3", "policy.vit.dim=64"]
+    assert study_command(argv) == "python -m studies main --budget small policy.vit.dim=64"
