@@ -80,12 +80,14 @@ def evaluate(
     seeds = deque(range(seed, seed + num_episodes))
     results: list[dict] = []
     policy.eval()
+    policy.reset()  # a recurrent policy forgets every slot's state; each slot's episode start resets it again
     t_start = time.perf_counter()
     bar = tqdm(total=num_episodes, desc=f"rollout {task.name}", disable=not progress, dynamic_ncols=True)
     with EnvPool(task.name, kwargs, workers) as pool:
         slots: list[_Slot | None] = [None] * len(pool)
 
         def start(i: int) -> None:
+            policy.reset_slots([i])  # slot i's next episode starts from a fresh state (stateless policies: no-op)
             while seeds:
                 s = seeds.popleft()
                 pool.envs[i].send("reset", s)
@@ -127,7 +129,7 @@ def evaluate(
                     for k in cfg.input_shapes
                 }  # key -> (B, To, ...)
                 with torch.no_grad():
-                    chunk = policy.predict_action_chunk(batch).cpu().numpy()  # (B, Ta, Da)
+                    chunk = policy.predict_action_chunk_for(batch, need).cpu().numpy()  # (B, Ta, Da); row j = slot need[j]
                 for j, i in enumerate(need):
                     slots[i].actions.extend(chunk[j])
             for i in active:

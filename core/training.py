@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from datasets.factory import make_dataset
-from datasets.sampler import SequenceDataset, compute_stats, split_episodes
+from datasets.sampler import SequenceDataset, StepBatchSampler, compute_stats, split_episodes
 from policies.base import Policy, make_policy
 from policies.checkpoint import (
     load_training_state,
@@ -51,15 +51,6 @@ class _LossModule(torch.nn.Module):
 
     def forward(self, batch):
         return self.policy.compute_loss(batch)
-
-
-def _infinite(loader):
-    epoch = 0
-    while True:
-        if hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)  # a new shard order each epoch, the same on every rank
-        yield from loader
-        epoch += 1
 
 
 def _to_device(batch: dict, device) -> dict:
@@ -107,21 +98,14 @@ def train(cfg: TrainRunConfig) -> TrainResult:
     pconfig = cfg.policy
     data = make_dataset(cfg.task, list(pconfig.input_shapes), tcfg.max_episodes)
     train_eps, val_eps = split_episodes(data.num_episodes, tcfg.val_fraction, cfg.seed)
-    window = dict(n_obs_steps=pconfig.n_obs_steps, horizon=pconfig.horizon, n_action_steps=pconfig.n_action_steps)
+    window = dict(n_obs_steps=pconfig.n_obs_steps, horizon=pconfig.horizon, n_action_steps=pconfig.n_action_steps,
+                  obs_steps=pconfig.window_obs_steps)
     obs_keys = list(pconfig.input_shapes)
     train_set = SequenceDataset(data, obs_keys, train_eps, **window)
     val_set = SequenceDataset(data, obs_keys, val_eps, **window) if len(val_eps) else None
     stats = compute_stats(data, pconfig.lowdim_keys + ["action"], train_eps)
 
     policy = make_policy(pconfig, stats).to(device)
-    sampler = None
-    if ddp.world_size > 1:  # each process sees its own shard of the windows
-        sampler = torch.utils.data.DistributedSampler(train_set, ddp.world_size, ddp.rank, shuffle=True, seed=cfg.seed, drop_last=True)
-    loader = torch.utils.data.DataLoader(
-        train_set, batch_size=per_rank_batch, shuffle=sampler is None, sampler=sampler,
-        drop_last=len(train_set) >= per_rank_batch * ddp.world_size,
-        num_workers=tcfg.num_workers, persistent_workers=tcfg.num_workers > 0, pin_memory=device.type == "cuda",
-    )
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=tcfg.weight_decay, betas=(0.95, 0.999))
     scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=tcfg.warmup_steps, num_training_steps=tcfg.steps)
     ema = EMAModel(policy.parameters(), decay=tcfg.ema_max_decay, use_ema_warmup=True, power=tcfg.ema_power) if tcfg.ema else None
@@ -156,6 +140,15 @@ def train(cfg: TrainRunConfig) -> TrainResult:
     elif ddp.rank > 0:  # the checkpoint holds rank 0's stream; other ranks derive theirs from it
         torch.manual_seed(torch.initial_seed() + 7919 * ddp.rank + step)
 
+    # the data order is a function of the step (and seed, rank): a resumed run draws the batches
+    # the uninterrupted run would have drawn; each process takes its own shard of every epoch
+    batch_sampler = StepBatchSampler(len(train_set), per_rank_batch, seed=cfg.seed, rank=ddp.rank,
+                                     world_size=ddp.world_size, start_step=step)
+    # a private generator: creating the iterator draws a worker seed, which must not shift the global
+    # RNG stream (crops, noise) that checkpoints save and restore
+    loader = torch.utils.data.DataLoader(train_set, batch_sampler=batch_sampler, num_workers=tcfg.num_workers,
+                                         persistent_workers=tcfg.num_workers > 0, pin_memory=device.type == "cuda",
+                                         generator=torch.Generator().manual_seed(cfg.seed))
     model = _LossModule(policy)
     if ddp.world_size > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -200,7 +193,7 @@ def train(cfg: TrainRunConfig) -> TrainResult:
         )
     from tqdm import tqdm
 
-    batches = _infinite(loader)
+    batches = iter(loader)
     bar = tqdm(total=tcfg.steps, initial=step, desc="train", dynamic_ncols=True, mininterval=2.0, disable=not ddp.is_main)
     t_last, n_last = time.perf_counter(), 0
     last = run.checkpoints / "last"

@@ -41,17 +41,22 @@ def split_episodes(num_episodes: int, val_fraction: float, seed: int) -> tuple[n
 
 class SequenceDataset(torch.utils.data.Dataset):
     """Samples ``{obs_key: (To, ...), "action": (T, Da)}``; images stay uint8 HWC (the policy
-    converts them, which keeps batches small to move)."""
+    converts them, which keeps batches small to move). ``obs_steps`` (default To) observation
+    frames from the window's start instead: a recurrent policy reads one at every step it unrolls."""
 
-    def __init__(self, data: EpisodeData, obs_keys: list[str], episodes=None, *, n_obs_steps: int, horizon: int, n_action_steps: int):
+    def __init__(self, data: EpisodeData, obs_keys: list[str], episodes=None, *, n_obs_steps: int, horizon: int, n_action_steps: int,
+                 obs_steps: int | None = None):
         if horizon < n_obs_steps:
             raise ValueError(f"horizon ({horizon}) must be >= n_obs_steps ({n_obs_steps})")
+        obs_steps = n_obs_steps if obs_steps is None else obs_steps
+        if not n_obs_steps <= obs_steps <= horizon:
+            raise ValueError(f"obs_steps ({obs_steps}) must be between n_obs_steps ({n_obs_steps}) and horizon ({horizon})")
         missing = [k for k in list(obs_keys) + ["action"] if k not in data.data]
         if missing:
             raise KeyError(f"dataset lacks keys {missing}; it has {sorted(data.data)}")
         self.data = data
         self.obs_keys = list(obs_keys)
-        self.n_obs_steps = n_obs_steps
+        self.obs_steps = obs_steps
         self.episodes = np.arange(data.num_episodes) if episodes is None else np.asarray(episodes)
         self.indices = window_indices(data.episode_ends, self.episodes, horizon, n_obs_steps - 1, n_action_steps - 1)
 
@@ -60,7 +65,7 @@ class SequenceDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         idx = self.indices[i]
-        obs_idx = idx[: self.n_obs_steps]
+        obs_idx = idx[: self.obs_steps]
         item = {k: torch.from_numpy(self.data.data[k][obs_idx]) for k in self.obs_keys}
         item["action"] = torch.from_numpy(self.data.data["action"][idx])
         return item
@@ -78,3 +83,41 @@ def compute_stats(data: EpisodeData, keys: list[str], episodes=None) -> dict[str
         flat = arr.reshape(len(arr), -1)
         stats[k] = {"min": flat.min(0), "max": flat.max(0)}
     return stats
+
+
+class StepBatchSampler(torch.utils.data.Sampler):
+    """Endless batches of window indices whose order is a function of the step alone.
+
+    Epoch ``e`` is a permutation drawn from ``seed`` and ``e``; process ``rank`` of ``world_size``
+    takes every world_size-th index of it, in batches of ``batch_size`` (the last partial batch of
+    an epoch is dropped when a full one exists). Starting at ``start_step`` yields exactly the
+    batches an uninterrupted run would have drawn from that step on, so a resumed run continues
+    the same data order (a checkpoint needs only the step, not the sampler's state).
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1,
+                 start_step: int = 0):
+        if num_samples < 1:
+            raise ValueError("no training windows: the dataset's training episodes are empty")
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.start_step = start_step
+        per_rank = num_samples // world_size if num_samples >= world_size else 1
+        self.batches_per_epoch = max(1, per_rank // batch_size) if per_rank >= batch_size else 1
+
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        perm = torch.randperm(self.num_samples, generator=g)
+        if len(perm) < self.world_size:  # fewer windows than processes: everyone repeats them
+            perm = perm.repeat(self.world_size)
+        mine = perm[self.rank :: self.world_size].tolist()
+        return [mine[i * self.batch_size : (i + 1) * self.batch_size] for i in range(self.batches_per_epoch)]
+
+    def __iter__(self):
+        epoch, offset = divmod(self.start_step, self.batches_per_epoch)
+        while True:
+            yield from self._epoch(epoch)[offset:]
+            epoch, offset = epoch + 1, 0
+
+    def __len__(self) -> int:  # an epoch; the iterator itself never ends
+        return self.batches_per_epoch

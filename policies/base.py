@@ -2,6 +2,10 @@
 
 Interface (lerobot-style): ``reset()``, ``select_action(obs)`` (one step, keeps an action queue),
 ``predict_action_chunk(obs)`` (batched, stateless), ``compute_loss(batch)``.
+Recurrent policies keep a state per environment "slot" (any hashable id, e.g. the index of an
+environment in an EnvPool): ``predict_action_chunk_for(obs, slots)`` reads and advances the state of
+the slots in the batch, ``reset_slots(slots)`` forgets it when they start new episodes. A stateless
+policy ignores both (the defaults below), so a rollout loop can call them for every policy.
 Glossary: To = n_obs_steps, T = horizon, Ta = n_action_steps, Da = action_dim.
 """
 from __future__ import annotations
@@ -72,6 +76,12 @@ class PolicyConfig:
         return self.n_obs_steps if self.n_image_obs_steps is None else self.n_image_obs_steps
 
     @property
+    def window_obs_steps(self) -> int:
+        """Observation frames a training window carries (from its start): To here; a recurrent
+        policy, which reads one at every step it unrolls, asks for more."""
+        return self.n_obs_steps
+
+    @property
     def image_keys(self) -> list[str]:
         return [k for k, s in self.input_shapes.items() if len(s) == 3]
 
@@ -105,8 +115,18 @@ class Policy(nn.Module):
         raise NotImplementedError
 
     def reset(self) -> None:
+        """Start over: empty the queues of ``select_action`` (and, in a recurrent policy, every slot's state)."""
         self._obs_queue: deque = deque(maxlen=self.config.n_obs_steps)
         self._action_queue: deque = deque()
+
+    # --- per-environment state (recurrent policies override these; stateless ones keep them) ---
+    def reset_slots(self, slots) -> None:
+        """The environments ``slots`` start new episodes: forget whatever state they carried."""
+
+    def predict_action_chunk_for(self, obs: dict[str, torch.Tensor], slots) -> torch.Tensor:
+        """``predict_action_chunk`` for a batch whose row j is environment ``slots[j]``; a recurrent
+        policy reads and advances each slot's own state. Called once per replanning (every Ta steps)."""
+        return self.predict_action_chunk(obs)
 
     @torch.no_grad()
     def select_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -117,7 +137,8 @@ class Policy(nn.Module):
             self._obs_queue.append(obs)
         if not self._action_queue:
             stacked = {k: torch.stack([o[k] for o in self._obs_queue], dim=1) for k in obs}  # (B, To, ...)
-            chunk = self.predict_action_chunk(stacked)  # (B, Ta, Da)
+            slots = list(range(len(next(iter(obs.values())))))  # row j is slot j (one recurrent state each)
+            chunk = self.predict_action_chunk_for(stacked, slots)  # (B, Ta, Da)
             self._action_queue.extend(chunk.unbind(1))
         return self._action_queue.popleft()
 
@@ -154,7 +175,7 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
 
 def load_builtin_policies() -> None:
     # importing the folders registers them; adding a policy = one folder + one import here
-    from . import bc, diffusion  # noqa: F401
+    from . import bc, bc_rnn, diffusion  # noqa: F401
 
 
 def get_policy_class(name: str) -> type[Policy]:

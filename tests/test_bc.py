@@ -136,7 +136,7 @@ def test_gmm_checkpoint_round_trip(tmp_path):
 
 def test_registry_error_lists_known_policies():
     assert get_policy_class("bc").name == "bc"
-    with pytest.raises(ValueError, match="unknown policy 'bcq'; known policies: bc, diffusion"):
+    with pytest.raises(ValueError, match="unknown policy 'bcq'; known policies: bc, bc_rnn, diffusion"):
         get_policy_class("bcq")
 
 

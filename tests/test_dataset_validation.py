@@ -93,7 +93,7 @@ def test_no_dataset_module_shadows_the_standard_library():
 def test_reader_runs_as_a_script_and_describe_as_a_module(tmp_path):
     path = write_hdf5(tmp_path / "d.hdf5")
     env = dict(os.environ, MUJOCO_GL="egl")
-    # a script in datasets/ puts datasets/ first on sys.path: datasets/inspect.py broke numpy's import
+    # a script in datasets/ puts datasets/ first on the import path: datasets/inspect.py broke numpy's import
     run = subprocess.run([sys.executable, "datasets/robomimic_hdf5.py", str(path)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -100,7 +100,7 @@ def test_checkpoint_of_another_policy_is_refused(tmp_path, tiny_pusht_zarr):
 
 
 def test_registry_lists_known_policies():
-    with pytest.raises(ValueError, match="unknown policy 'act'; known policies: bc, diffusion"):
+    with pytest.raises(ValueError, match="unknown policy 'act'; known policies: bc, bc_rnn, diffusion"):
         get_policy_class("act")
 
 
@@ -115,7 +115,7 @@ def test_config_errors_name_the_field(tmp_path, tiny_pusht_zarr):
 
 @pytest.mark.parametrize("policy_name", POLICY_NAMES)
 def test_image_history_of_one_frame_keeps_the_low_dim_history(tmp_path, tiny_pusht_zarr, policy_name):
-    cfg = tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy=policy_name, extra=["policy.n_image_obs_steps=1"])
+    cfg = tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy=policy_name, extra=["policy.n_obs_steps=2", "policy.n_image_obs_steps=1"])
     policy, batch = _batch(cfg)
     policy.eval()
     enc = policy.obs_encoder

@@ -1,0 +1,1 @@
+from .modeling import BCRNNPolicy  # noqa: F401  (registers 'bc_rnn')
