@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
-from policies.checkpoint import load_policy, read_checkpoint_meta, resolve_checkpoint
+from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
 
 from .config import TaskConfig, from_dict
 
@@ -207,9 +207,9 @@ def default_out_dir(checkpoint: Path, seed: int, options: dict) -> Path:
     ckpt = Path(checkpoint)
     root = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
     tag = ckpt.name
-    state = ckpt / "training_state.json"
-    if tag == "last" and state.is_file():  # "last" moves on when a run resumes; its step does not
-        tag = f"step_{int(json.loads(state.read_text())['__dict__']['step']):07d}"
+    step = checkpoint_step(ckpt) if tag == "last" else None
+    if step is not None:  # "last" moves on when a run resumes; its step does not
+        tag = f"step_{step:07d}"
     parts = [f"{tag}_seed{seed}"]
     for key, value in sorted(options.items()):
         if value is not None:

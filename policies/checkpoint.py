@@ -145,19 +145,22 @@ def is_complete(path: Path) -> bool:
     return all((Path(path) / f).is_file() for f in CHECKPOINT_FILES)
 
 
+def checkpoint_step(path) -> int | None:
+    """The training step a checkpoint was written at (None without a readable training state)."""
+    try:
+        return int(json.loads((Path(path) / "training_state.json").read_text())["__dict__"]["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def newest_checkpoint(checkpoints_dir) -> Path | None:
     """The complete checkpoint of the highest step in a run's checkpoints/ (``last`` on a tie)."""
     best, best_step = None, -1
     root = Path(checkpoints_dir)
     candidates = [root / "last", *sorted(root.glob("step_*"))] if root.is_dir() else []
     for c in candidates:
-        if not is_complete(c):
-            continue
-        try:
-            step = int(json.loads((c / "training_state.json").read_text())["__dict__"]["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-        if step > best_step:
+        step = checkpoint_step(c) if is_complete(c) else None
+        if step is not None and step > best_step:
             best, best_step = c, step
     return best
 

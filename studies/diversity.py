@@ -10,7 +10,6 @@ import math
 
 import torch
 
-from policies.vision.masks import cached_dense_bias
 
 
 def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -58,9 +57,9 @@ def attention_maps(vit, image: torch.Tensor) -> torch.Tensor:
     for layer, c in enumerate(_capture(vit, image)):
         q, k, grid, prefix = c["q"], c["k"], c["grid"], c["num_prefix"]
         scores = q[0] @ k[0].transpose(-2, -1) / math.sqrt(q.shape[-1])  # (heads, N, N)
-        bias = cached_dense_bias(vit.blocks[layer].attn.pattern, grid, prefix, q.device)
+        bias = vit.blocks[layer].attn.dense_bias(grid, prefix, q.device)  # (1, heads, N, N) or None
         if bias is not None:
-            scores = scores + bias
+            scores = scores + bias[0]
         weights = scores.softmax(-1)
         query = 0 if prefix else (grid[0] // 2) * grid[1] + grid[1] // 2
         maps.append(weights[:, query, prefix:].reshape(-1, *grid))  # (heads, gh, gw)

@@ -382,12 +382,6 @@ def make_pattern(kind: str, num_heads: int, layer: int = 0, depth: int = 1, **op
     raise ValueError(f"unknown attention kind {kind!r}; known kinds: {', '.join(KINDS)}")
 
 
-def cached_dense_bias(pattern, grid: tuple[int, int], num_prefix: int, device) -> torch.Tensor | None:
-    """Old name kept for callers outside ``policies/vision`` (``studies/diversity.py``): builds the
-    bias, caches nothing. Biases are cached per model: ``Attention.dense_bias``."""
-    return pattern.dense_bias(tuple(grid), num_prefix, torch.device(device))
-
-
 # ------------------------------------------------------------------------------------------
 # CLI: python -m policies.vision.masks KIND --grid HxW --heads H
 # ------------------------------------------------------------------------------------------
