@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from studies import common, engine
-from studies.common import BUDGETS, Cell, Evaluation, fmt_rate, load_eval, pooled, train_seconds, write_results
+from studies.common import BUDGETS, Cell, Evaluation, difference, fmt_rate, load_eval, pooled, train_seconds, write_results
 from studies.corruptions import CORRUPTIONS
 
 TRAIN_SIZE = {"pusht": 96, "lift": 84, "can": 84}
@@ -76,6 +76,26 @@ def success_text(pool: dict, seeds: int) -> str:
     return fmt_rate(pool) + (f", {done} of {seeds} seeds so far" if done < seeds else "")
 
 
+BASELINE = "full"  # every row's difference is to full attention's row of the same task, policy (and condition)
+
+
+def versus_full(summaries: list, baseline: list, attention: str) -> dict:
+    """The difference columns of a row: ``diff_text`` etc., empty for the baseline itself."""
+    if attention == BASELINE:
+        return {}
+    return difference(summaries, baseline) or {}
+
+
+def rate_and_difference(pool: dict, diff: dict) -> str:
+    """One table cell: ``mean% (difference to full [CI])``."""
+    return f"{100 * pool['success_rate']:.0f}%" + (f" ({diff['diff_text']})" if diff else "")
+
+
+SUCCESS_NOTE = ("Success: mean over training seeds of each seed's rate, with a 95% interval from a bootstrap over seeds, then "
+                "over each seed's episodes (studies/stats.py), and the per-seed rates in brackets. Difference to full "
+                "attention: in points, both methods resampled the same way, independently.")
+
+
 # Each study is a plan (the cells it trains and the evaluations it runs: its jobs) and a report (its
 # table, built from whatever the run directories hold: a row appears once one of its seeds is evaluated).
 def plan_main(args, budget):
@@ -90,12 +110,14 @@ def report_main(args, budget):
         for p in budget["policies"]:
             for a in budget["attentions"]:
                 group = group_of(cells, t, p, a)
-                pool = pooled([load_eval(c, "clean") for c in group])
+                evals = [load_eval(c, "clean") for c in group]
+                pool = pooled(evals)
                 if pool is None:  # not evaluated yet
                     continue
                 secs = [train_seconds(c) for c in group]
+                base = [load_eval(c, "clean") for c in group_of(cells, t, p, BASELINE)]
                 rows.append({**row_id(args, budget, t, p, a),
-                             "success": success_text(pool, len(group)), **pool,
+                             "success": success_text(pool, len(group)), **pool, **versus_full(evals, base, a),
                              "coverage": f"{pool['mean_max_coverage']:.3f}" if "mean_max_coverage" in pool else "",
                              "train_min": f"{np.mean([s for s in secs if s]) / 60:.1f}" if any(secs) else ""})
 
@@ -107,15 +129,15 @@ def report_main(args, budget):
         ax.bar(range(len(rows)), rates, yerr=err, capsize=3, color="tab:blue")
         ax.set_xticks(range(len(rows)), labels, fontsize=7)
         ax.set_ylim(0, 1.05)
-        ax.set_ylabel("success rate (95% Wilson)")
+        ax.set_ylabel("success rate (95% CI, seeds then episodes)")
         return fig
 
     return write_results("main", rows, [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("steps", "steps"),
-                                        ("extra", "extra overrides"), ("success", "success [95% CI] (k/n)"), ("coverage", "mean max coverage"),
-                                        ("train_min", "train minutes / seed")], merge_on=ROW_KEYS,
+                                        ("extra", "extra overrides"), ("success", "success [95% CI] (per seed)"), ("diff_text", "− full (points) [95% CI]"),
+                                        ("coverage", "mean max coverage"), ("train_min", "train minutes / seed")], merge_on=ROW_KEYS,
                          title="Main comparison: task x policy x attention", plot=plot,
                          notes=f"Budget `{args.budget}`: seeds {budget['seeds']}, {budget['episodes']} evaluation episodes per seed "
-                               f"on held-out seeds from 100000. Rows of earlier runs on this budget are kept.")
+                               f"on held-out seeds from 100000. Rows of earlier runs on this budget are kept. {SUCCESS_NOTE}")
 
 
 
@@ -132,11 +154,14 @@ def plan_data_efficiency(args, budget):
 
 def report_data_efficiency(args, budget):
     rows = []
-    for (t, n, a), group in efficiency_groups(args, budget).items():
-        pool = pooled([load_eval(c, "clean") for c in group])
+    groups = efficiency_groups(args, budget)
+    for (t, n, a), group in groups.items():
+        evals = [load_eval(c, "clean") for c in group]
+        pool = pooled(evals)
         if pool is not None:
+            base = [load_eval(c, "clean") for c in groups.get((t, n, BASELINE), [])]
             rows.append({**row_id(args, budget, t, budget["policies"][0], a), "demos": n,
-                         "success": success_text(pool, len(group)), **pool})
+                         "success": success_text(pool, len(group)), **pool, **versus_full(evals, base, a)})
 
     def plot(plt, rows):
         fig, ax = plt.subplots(figsize=(4.5, 3))
@@ -157,18 +182,37 @@ def report_data_efficiency(args, budget):
 
     return write_results("data_efficiency", rows, [("task", "task"), ("policy", "policy"), ("demos", "demos"),
                                                    ("attention", "attention"), ("steps", "steps"), ("extra", "extra overrides"),
-                                                   ("success", "success [95% CI] (k/n)")],
-                         title="Data efficiency: success vs number of demonstrations", plot=plot, merge_on=EFFICIENCY_KEYS)
+                                                   ("success", "success [95% CI] (per seed)"), ("diff_text", "− full (points) [95% CI]")],
+                         title="Data efficiency: success vs number of demonstrations", plot=plot, merge_on=EFFICIENCY_KEYS,
+                         notes=SUCCESS_NOTE)
 
 
 
 CORRUPTED = [(kind, sev) for kind in CORRUPTIONS for sev in (1, 2, 3)]
 
 
+def corrupted(args) -> list[tuple[str, int]]:
+    """The (kind, severity) cells of the robustness study: ``--corruptions brightness:1,contrast:2``, or all."""
+    if not args.corruptions:
+        return CORRUPTED
+    chosen = []
+    for spec in args.corruptions.split(","):
+        kind, _, sev = spec.partition(":")
+        if (kind, int(sev or 0)) not in CORRUPTED:
+            raise SystemExit(f"--corruptions: {spec!r} is not one of {', '.join(f'{k}:{s}' for k, s in CORRUPTED)}")
+        chosen.append((kind, int(sev)))
+    return chosen
+
+
+def corrupted_eval(args, budget, cell: Cell, kind: str, sev: int) -> Evaluation:
+    kw = dict(eval_kwargs(args, budget), num_episodes=budget.get("corrupted_episodes", budget["episodes"]))
+    return Evaluation(cell, f"{kind}_{sev}", kw, corruption=(kind, sev))
+
+
 def plan_robustness(args, budget):
     cells = [c for t in args.tasks for c in cells_for(args, t, budget)]
     evals = [Evaluation(c, "clean", eval_kwargs(args, budget)) for c in cells]
-    evals += [Evaluation(c, f"{kind}_{sev}", eval_kwargs(args, budget), corruption=(kind, sev)) for c in cells for kind, sev in CORRUPTED]
+    evals += [corrupted_eval(args, budget, c, kind, sev) for c in cells for kind, sev in corrupted(args)]
     return cells, evals
 
 
@@ -178,21 +222,21 @@ def report_robustness(args, budget):
         cells = cells_for(args, t, budget)
         for p in budget["policies"]:
             for a in budget["attentions"]:
-                group = group_of(cells, t, p, a)
-                clean = pooled([load_eval(c, "clean") for c in group])
-                if clean is None:
-                    continue
-                row = row_id(args, budget, t, p, a)
-                row["clean"] = f"{100 * clean['success_rate']:.0f}%"
-                row["rates"] = {"clean": clean["success_rate"]}
-                for kind, sev in CORRUPTED:
-                    res = pooled([load_eval(c, f"{kind}_{sev}") for c in group])
+                group, base = group_of(cells, t, p, a), group_of(cells, t, p, BASELINE)
+                row = {**row_id(args, budget, t, p, a), "rates": {}, "seeds": {}, "differences": {}}
+                for name in ["clean"] + [f"{kind}_{sev}" for kind, sev in CORRUPTED]:
+                    evals = [load_eval(c, name) for c in group]
+                    res = pooled(evals)
                     if res is not None:
-                        row[f"{kind}_{sev}"] = f"{100 * res['success_rate']:.0f}%"
-                        row["rates"][f"{kind}_{sev}"] = res["success_rate"]
-                rows.append(row)
+                        diff = versus_full(evals, [load_eval(c, name) for c in base], a)
+                        row[name] = rate_and_difference(res, diff) + f", {res['seeds']} seed{'s' * (res['seeds'] > 1)}"
+                        row["rates"][name], row["seeds"][name] = res["success_rate"], res["per_seed"]
+                        if diff:
+                            row["differences"][name] = {k: diff[k] for k in ("diff", "diff_ci95", "verdict")}
+                if "clean" in row["rates"]:
+                    rows.append(row)
     cols = [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("clean", "clean")]
-    cols += [(f"{k}_{s}", f"{k} {s}") for k in CORRUPTIONS for s in (1, 2, 3)]
+    cols += [(f"{k}_{s}", f"{k} {s}") for k in CORRUPTIONS for s in (1, 2, 3) if any(f"{k}_{s}" in r for r in rows)]
 
     def plot(plt, rows):
         fig, axes = plt.subplots(1, len(CORRUPTIONS), figsize=(3 * len(CORRUPTIONS), 2.8), sharey=True)
@@ -209,7 +253,10 @@ def report_robustness(args, budget):
         return fig
 
     return write_results("robustness", rows, cols, title="Robustness: success under image corruptions", plot=plot, merge_on=ROW_KEYS,
-                         notes="Corruptions are applied to every camera image the policy sees; severity 0 = clean.")
+                         notes="Corruptions are applied to every camera image the policy sees; severity 0 = clean. Each cell: "
+                               "mean success over seeds (difference to full attention in points [95% CI], bootstrap over seeds "
+                               f"then episodes), {budget['episodes']} clean and {budget.get('corrupted_episodes', budget['episodes'])} "
+                               "corrupted episodes per seed.")
 
 
 def resolution_variants(attention: str) -> list[tuple[str, str | None]]:
@@ -225,8 +272,16 @@ def resolution_variants(attention: str) -> list[tuple[str, str | None]]:
     return variants
 
 
+def eval_sizes(args, task: str) -> list[int]:
+    """The resolution study's sizes of ``task``: ``--sizes 112,128``, or all of EVAL_SIZES, always with the training size."""
+    sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else EVAL_SIZES[task]
+    return sorted({TRAIN_SIZE[task], *sizes})
+
+
 def resolution_eval(args, budget, cell: Cell, size: int, variant: str | None) -> Evaluation:
-    kw = dict(eval_kwargs(args, budget), image_size=size)
+    if size == TRAIN_SIZE[cell.task]:  # every variant is the trained model itself: the main study's evaluation
+        return Evaluation(cell, "clean", eval_kwargs(args, budget))
+    kw = dict(eval_kwargs(args, budget), image_size=size, num_episodes=budget.get("corrupted_episodes", budget["episodes"]))
     if variant == "slope":  # the paper lowers the global slope on larger images
         kw["global_slope"] = TRAIN_SIZE[cell.task] / size
     if variant == "grid2d":
@@ -237,7 +292,7 @@ def resolution_eval(args, budget, cell: Cell, size: int, variant: str | None) ->
 def plan_resolution(args, budget):
     cells = [c for t in args.tasks for c in cells_for(args, t, budget)]
     return cells, [resolution_eval(args, budget, c, size, variant) for c in cells
-                   for _, variant in resolution_variants(c.attention) for size in EVAL_SIZES[c.task]]
+                   for _, variant in resolution_variants(c.attention) for size in eval_sizes(args, c.task)]
 
 
 def report_resolution(args, budget):
@@ -246,14 +301,16 @@ def report_resolution(args, budget):
         cells = cells_for(args, t, budget)
         for p in budget["policies"]:
             for a in budget["attentions"]:
-                group = group_of(cells, t, p, a)
+                group, base = group_of(cells, t, p, a), group_of(cells, t, p, BASELINE)
                 for label, variant in resolution_variants(a):
-                    row = {**row_id(args, budget, t, p, a, label), "rates": {}}
-                    for size in EVAL_SIZES[t]:
-                        res = pooled([resolution_eval(args, budget, c, size, variant).result() for c in group])
+                    row = {**row_id(args, budget, t, p, a, label), "rates": {}, "seeds": {}}
+                    for size in eval_sizes(args, t):
+                        evals = [resolution_eval(args, budget, c, size, variant).result() for c in group]
+                        res = pooled(evals)
                         if res is not None:
-                            row[f"size{size}"] = f"{100 * res['success_rate']:.0f}%"
-                            row["rates"][size] = res["success_rate"]
+                            diff = versus_full(evals, [resolution_eval(args, budget, c, size, None).result() for c in base], a)
+                            row[f"size{size}"] = rate_and_difference(res, diff) + f", {res['seeds']} seed{'s' * (res['seeds'] > 1)}"
+                            row["rates"][size], row["seeds"][size] = res["success_rate"], res["per_seed"]
                     if row["rates"]:
                         rows.append(row)
     # every task's sizes: rows of other tasks kept from earlier runs fill their own columns
@@ -277,8 +334,12 @@ def report_resolution(args, budget):
         return fig
 
     return write_results("resolution", rows, cols, title="Larger images at test time", plot=plot, merge_on=ROW_KEYS,
-                         notes="Trained at the task's native size; cameras rendered larger at evaluation, crops scaled with "
-                               "them. Full/Fibottention interpolate their learned position embedding; LookHere rebuilds its masks.")
+                         notes="Trained at the task's native size (its column is the main study's clean evaluation); cameras "
+                               "rendered larger at evaluation, crops scaled with them. Full/Fibottention interpolate their learned "
+                               "position embedding; LookHere rebuilds its masks. Each cell: mean success over seeds (difference to "
+                               "full attention at that size, points [95% CI], bootstrap over seeds then episodes), "
+                               f"{budget['episodes']} episodes per seed at the training size, "
+                               f"{budget.get('corrupted_episodes', budget['episodes'])} at the larger ones.")
 
 
 def diversity_cells(args, budget, task):
@@ -427,6 +488,8 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--steps", type=int, help="override the recipe's training steps (every task)")
     parser.add_argument("--episodes", type=int, help="override the budget's evaluation episodes per seed")
     parser.add_argument("--seeds", help="override the budget's training seeds, comma-separated")
+    parser.add_argument("--corruptions", help="robustness: only these kind:severity cells, e.g. brightness:1,contrast:2")
+    parser.add_argument("--sizes", help="resolution: only these evaluation sizes, comma-separated (e.g. 112)")
     parser.add_argument("--results", default=str(common.RESULTS), help="results root (default results/)")
     engine_opts = parser.add_argument_group("how the jobs run (Hydra multirun launchers, studies/engine.py)")
     engine_opts.add_argument("--launcher", choices=list(engine.LAUNCHERS), default="joblib",

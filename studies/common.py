@@ -19,6 +19,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from studies.stats import bootstrap_difference, bootstrap_rate, verdict
+
 RESULTS = Path("results")
 CELLS = RESULTS / "cells"  # checkpoints live here and stay out of git
 BUDGET_NAME = "full"  # set by the CLI; tables merge rows only within one budget
@@ -31,6 +35,7 @@ BUDGETS = {
         "recipe": "cpu",
         "seeds": [0],
         "episodes": 50,
+        "corrupted_episodes": 30,  # per seed: each corruption (robustness) and each larger size (resolution)
         "workers": 2,
         "demos": [10, 25, 50],
         "policies": ["bc"],
@@ -68,16 +73,18 @@ class Cell:
 
     task: str
     policy: str
-    attention: str  # "lookhere:45" selects a LookHere variant
+    # "kind[:variant][:field=value...]": "lookhere:45" is a LookHere variant, "fibottention:windows=robot"
+    # sets attention.windows; the label names the row in every table
+    attention: str
     seed: int
     recipe: str = "cpu"
     extra: list[str] = field(default_factory=list)
 
     def overrides(self) -> list[str]:
-        kind, *variant = self.attention.split(":")
+        kind, *parts = self.attention.split(":")
         ovr = [f"task={self.task}", f"policy={self.policy}", f"attention={kind}", f"recipe={self.recipe}",
                f"seed={self.seed}", "eval.num_episodes=0"]
-        return ovr + [f"attention.variant={v}" for v in variant] + list(self.extra)
+        return ovr + [f"attention.{p}" if "=" in p else f"attention.variant={p}" for p in parts] + list(self.extra)
 
     def config(self):
         """The composed training config, exactly as ``train_policy.py <overrides>`` builds it."""
@@ -99,7 +106,8 @@ class Cell:
     @property
     def key(self) -> str:
         digest = hashlib.sha1(json.dumps(self.overrides()).encode()).hexdigest()[:10]
-        return f"{self.task}_{self.policy}_{self.attention.replace(':', '')}_s{self.seed}_{digest}"
+        label = "".join(c if c.isalnum() else "-" for c in self.attention.replace(":", "", 1)) if ":" in self.attention else self.attention
+        return f"{self.task}_{self.policy}_{label}_s{self.seed}_{digest}"
 
     @property
     def run_dir(self) -> Path:
@@ -233,30 +241,46 @@ def train_seconds(cell: Cell) -> float | None:
     return json.loads(p.read_text())["train_seconds"] if p.exists() else None
 
 
+def seed_outcomes(summaries: list[dict]) -> list[np.ndarray]:
+    """Each evaluated seed's 0/1 episode outcomes, rebuilt from its counts (the bootstrap needs no order)."""
+    return [np.r_[np.ones(s["successes"]), np.zeros(s["num_episodes"] - s["successes"])] for s in summaries]
+
+
 def pooled(summaries: list[dict | None]) -> dict | None:
-    """Pool episodes over training seeds: successes / episodes with a Wilson interval.
+    """Success over training seeds: the mean of the per-seed rates with a 95% interval from a bootstrap
+    over seeds, then over each seed's episodes (``studies.stats``), so it widens when seeds disagree.
 
     Evaluations that have not run (None) are left out (``per_seed`` has one rate per seed that
     has one); with none at all, None.
     """
-    from core.evaluation import wilson_interval
-
     summaries = [s for s in summaries if s is not None]
     if not summaries:
         return None
+    est = bootstrap_rate(seed_outcomes(summaries))
     n = sum(s["num_episodes"] for s in summaries)
-    k = sum(s["successes"] for s in summaries)
-    lo, hi = wilson_interval(k, n)
-    out = {"successes": k, "episodes": n, "success_rate": k / n if n else 0.0, "ci95": [lo, hi],
-           "per_seed": [s["success_rate"] for s in summaries]}
-    if summaries and all("mean_max_coverage" in s for s in summaries):
+    out = {"successes": sum(s["successes"] for s in summaries), "episodes": n, "success_rate": est.mean,
+           "ci95": [est.lo, est.hi], "seeds": est.seeds, "per_seed": [s["success_rate"] for s in summaries]}
+    if all("mean_max_coverage" in s for s in summaries):
         out["mean_max_coverage"] = sum(s["mean_max_coverage"] * s["num_episodes"] for s in summaries) / n
     return out
 
 
+def difference(summaries: list[dict | None], baseline: list[dict | None]) -> dict | None:
+    """Mean success of one method minus the baseline's (other trainings, so resampled independently),
+    in points, with its 95% interval; None until both have an evaluated seed."""
+    a, b = [s for s in summaries if s is not None], [s for s in baseline if s is not None]
+    if not a or not b:
+        return None
+    d = bootstrap_difference(seed_outcomes(a), seed_outcomes(b))
+    return {"diff": d.mean, "diff_ci95": [d.lo, d.hi], "verdict": verdict(d),
+            "diff_text": f"{100 * d.mean:+.0f} [{100 * d.lo:+.0f}, {100 * d.hi:+.0f}]"}
+
+
 def fmt_rate(p: dict) -> str:
+    """``mean [95% CI] (per-seed rates)``."""
     lo, hi = p["ci95"]
-    return f"{100 * p['success_rate']:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] ({p['successes']}/{p['episodes']})"
+    per_seed = "/".join(f"{100 * r:.0f}" for r in p["per_seed"])
+    return f"{100 * p['success_rate']:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] ({per_seed})"
 
 
 def merge_rows(old: list[dict], new: list[dict], keys: tuple[str, ...]) -> list[dict]:

@@ -298,3 +298,47 @@ def test_the_command_a_table_records_leaves_out_how_the_jobs_ran():
     argv = ["report", "main", "--budget", "small", "--launcher", "slurm", "--hydra", "hydra.launcher.partition=gpu",
             "--jobs=3", "policy.vit.dim=64"]
     assert study_command(argv) == "python -m studies main --budget small policy.vit.dim=64"
+
+
+def test_an_attention_label_sets_any_attention_field_and_names_its_cell():
+    robot = common.Cell("lift", "bc", "fibottention:windows=robot", 0)
+    mult = common.Cell("lift", "bc", "fibottention:mask_mode=multiplicative", 0)
+    lh45 = common.Cell("lift", "bc", "lookhere:45", 0)
+    assert robot.overrides()[2] == "attention=fibottention" and "attention.windows=robot" in robot.overrides()
+    assert "attention.mask_mode=multiplicative" in mult.overrides() and "attention.variant=45" in lh45.overrides()
+    assert robot.key.startswith("lift_bc_fibottentionwindows-robot_s0_") and lh45.key.startswith("lift_bc_lookhere45_s0_")
+    assert len({robot.key, mult.key, common.Cell("lift", "bc", "fibottention", 0).key}) == 3
+    vit = robot.config().policy.vit.attention
+    assert (vit.kind, vit.windows, vit.mask_mode) == ("fibottention", "robot", "additive")
+
+
+def _summary(k, n):
+    return {"successes": k, "num_episodes": n, "success_rate": k / n}
+
+
+def test_pooled_seeds_give_the_mean_over_seeds_and_a_bootstrap_interval_that_widens_when_they_disagree():
+    agree = common.pooled([_summary(45, 50)] * 3 + [None])  # a seed not evaluated yet is left out
+    disagree = common.pooled([_summary(50, 50), _summary(40, 50), _summary(45, 50)])
+    assert agree["seeds"] == 3 and agree["per_seed"] == [0.9] * 3 and agree["success_rate"] == pytest.approx(0.9)
+    assert disagree["success_rate"] == pytest.approx(0.9) and (agree["successes"], agree["episodes"]) == (135, 150)
+    width = lambda p: p["ci95"][1] - p["ci95"][0]  # noqa: E731
+    assert width(disagree) > 1.3 * width(agree)
+    assert common.fmt_rate(disagree).endswith("(100/80/90)")
+
+
+def test_the_difference_to_full_attention_has_an_interval_and_a_verdict():
+    full = [_summary(50, 50)] * 3
+    worse = common.difference([_summary(20, 50), _summary(15, 50), None], full)
+    assert worse["diff"] == pytest.approx(-0.65) and worse["diff_ci95"][1] < 0
+    assert worse["verdict"] == "contradicted" and worse["diff_text"].startswith("-65 [")
+    assert common.difference([None], full) is None
+
+
+def test_the_robustness_study_runs_only_the_chosen_corruptions(tmp_path, tiny_extra):
+    out = studies_main(["robustness", *TINY_ARGS, "--attentions", "full", "--corruptions", "brightness:1",
+                        "--results", str(tmp_path / "r"), *tiny_extra])
+    cell = next(p for p in (tmp_path / "r" / "cells").iterdir() if not p.name.startswith("."))
+    assert sorted(p.name for p in (cell / "evals").iterdir()) == ["brightness_1.json", "clean.json"]
+    assert "brightness 1" in (out / "table.md").read_text() and "contrast 2" not in (out / "table.md").read_text()
+    with pytest.raises(SystemExit, match="brightness:4"):
+        studies_main(["robustness", *TINY_ARGS, "--corruptions", "brightness:4", "--results", str(tmp_path / "r"), *tiny_extra])
