@@ -195,3 +195,19 @@ def test_spatial_softmax_config_is_checked():
         ViTConfig(pool="spatial_softmax", num_keypoints=0)
     with pytest.raises(ValueError, match="vit.pool='max' is unknown"):
         ViTConfig(pool="max")
+
+
+def test_per_image_input_norm_cancels_a_brightness_shift_and_a_contrast_change():
+    torch.manual_seed(0)
+    images = 0.2 + 0.5 * torch.rand(3, 3, 72, 72)  # away from 0 and 1, so neither change clips
+    shifted, flattened = images + 0.1, 0.5 + 0.5 * (images - 0.5)  # brightness +0.1, contrast x0.5 (the robustness study's)
+    for kind in ("full", "fibottention"):
+        per_image = ViT(ViTConfig(dim=48, depth=2, num_heads=4, input_norm="per_image", attention=AttentionConfig(kind=kind))).eval()
+        fixed = ViT(ViTConfig(dim=48, depth=2, num_heads=4, attention=AttentionConfig(kind=kind))).eval()
+        with torch.no_grad():
+            out = per_image(images)
+            for changed in (shifted, flattened):
+                assert torch.allclose(per_image(changed), out, atol=1e-4)  # the same features
+                assert (fixed(changed) - fixed(images)).abs().max() > 1e-2  # where the fixed scaling moves them
+    with pytest.raises(ValueError, match="vit.input_norm='imagenet' is unknown"):
+        ViTConfig(input_norm="imagenet")

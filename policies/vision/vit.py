@@ -17,6 +17,9 @@ from .masks import patch_coords
 
 POS_EMBEDS = ("learned", "sincos", "none")
 POOLS = ("cls", "mean", "spatial_softmax")
+# fixed: [0, 1] -> [-1, 1] for every image. per_image: each image's channels standardized by their own
+# mean and std, which cancels a uniform brightness shift and a contrast change (up to clipping)
+INPUT_NORMS = ("fixed", "per_image")
 
 
 @dataclass
@@ -31,6 +34,7 @@ class ViTConfig:
     num_keypoints: int = 32  # spatial_softmax only: keypoints read out of the patch tokens
     pos_embed: str = "learned"  # learned | sincos | none (LookHere never adds one)
     base_grid: tuple[int, int] = (9, 9)  # grid the learned position embedding is created for
+    input_norm: str = "fixed"  # fixed | per_image (see INPUT_NORMS)
     out_dim: int = 64  # feature size handed to the policy
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
@@ -45,6 +49,8 @@ class ViTConfig:
             raise ValueError(f"vit.dim ({self.dim}) must be divisible by vit.num_heads ({self.num_heads})")
         if self.pos_embed not in POS_EMBEDS:
             raise ValueError(f"vit.pos_embed={self.pos_embed!r} is unknown; choose one of {POS_EMBEDS}")
+        if self.input_norm not in INPUT_NORMS:
+            raise ValueError(f"vit.input_norm={self.input_norm!r} is unknown; choose one of {INPUT_NORMS}")
         if self.pool not in POOLS:
             raise ValueError(f"vit.pool={self.pool!r} is unknown; choose one of {POOLS}")
         if self.pool == "cls" and not self.use_cls:
@@ -138,9 +144,17 @@ class ViT(nn.Module):
         pe = F.interpolate(pe, size=grid, mode="bicubic", align_corners=False)
         return pe.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], -1)  # (1, P, dim)
 
+    def normalize_input(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) in [0, 1] -> the patch embedding's input."""
+        if self.cfg.input_norm == "per_image":
+            mean = images.mean(dim=(-2, -1), keepdim=True)  # (B, C, 1, 1)
+            std = images.std(dim=(-2, -1), keepdim=True)  # (B, C, 1, 1)
+            return (images - mean) / std.clamp_min(1e-3)  # a floor, not an added eps: exact for any contrast, finite when flat
+        return images * 2.0 - 1.0
+
     def forward_tokens(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """images (B, C, H, W) in [0, 1] -> tokens (B, prefix + P, dim) after the last block."""
-        x = self.patch_embed(images * 2.0 - 1.0)  # (B, dim, gh, gw)
+        x = self.patch_embed(self.normalize_input(images))  # (B, dim, gh, gw)
         grid = (x.shape[-2], x.shape[-1])
         x = x.flatten(2).transpose(1, 2)  # (B, P, dim)
         pos = self._position(grid, x.device, x.dtype)
