@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
+from policies.base import get_policy_class
 from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
 
 from .config import TaskConfig, from_dict
@@ -236,6 +237,10 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
                                 f"{meta['policy']!r}; drop num_inference_steps=")
         overrides["num_inference_steps"] = num_inference_steps
     if n_action_steps is not None:  # Ta only acts at inference: replan more or less often without retraining
+        trained_ta = meta["policy_config"]["n_action_steps"]
+        if n_action_steps != trained_ta and not get_policy_class(meta["policy"]).config_class.inference_action_steps:
+            raise OverrideError(f"n_action_steps= cannot change at rollout for a {meta['policy']!r} checkpoint (its network "
+                                f"outputs {trained_ta} actions per step); drop n_action_steps= or retrain with policy.n_action_steps=")
         overrides["n_action_steps"] = n_action_steps
     # Attention settings that only act on the masks, so they can change at inference on larger images:
     # LookHere's global slope (the paper lowers it), Fibottention's window (N // 3 grows with N) and

@@ -37,6 +37,9 @@ class PolicyConfig:
     n_image_obs_steps: int | None = None
     horizon: int = 16  # T
     n_action_steps: int = 8  # Ta
+    # whether Ta may change at rollout without retraining (it only sets how often the policy replans);
+    # False where the network's output size depends on it
+    inference_action_steps: ClassVar[bool] = True
     crop_size: int = 84
     share_vit: bool = False  # one ViT for all cameras, or one each
     vit: ViTConfig = field(default_factory=ViTConfig)

@@ -258,3 +258,10 @@ def test_train_and_evaluate_checkpoint_end_to_end(tmp_path, tiny_pusht_zarr):
     assert summary["policy"] == "bc_rnn" and summary["num_episodes"] == 2
     assert all(e["steps"] == 5 for e in summary["episodes"])
     assert (tmp_path / "eval" / "summary.json").is_file()
+    # Ta sets the GMM head's size: a rollout may restate it, not change it
+    from core.evaluation import OverrideError
+
+    same = evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=2, num_videos=0, progress=False, n_action_steps=1)
+    assert same["n_action_steps"] == 1
+    with pytest.raises(OverrideError, match="n_action_steps= cannot change at rollout for a 'bc_rnn' checkpoint"):
+        evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=2, num_videos=0, progress=False, n_action_steps=4)

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 from ..base import PolicyConfig
 from ..bc.configuration import STD_ACTIVATIONS
@@ -31,6 +31,7 @@ class BCRNNConfig(PolicyConfig):
     n_obs_steps: int = 1  # To per LSTM step
     horizon: int = 10  # T: the training window; (T - To + 1) // Ta LSTM steps
     n_action_steps: int = 1  # Ta per LSTM step
+    inference_action_steps: ClassVar[bool] = False  # the GMM head outputs Ta x Da actions per LSTM step
     rnn_hidden_dim: int = 400
     rnn_num_layers: int = 2
     hidden_dims: list[int] = field(default_factory=list)  # MLP between the LSTM and the GMM outputs
