@@ -223,14 +223,14 @@ def report_robustness(args, budget):
         for p in budget["policies"]:
             for a in budget["attentions"]:
                 group, base = group_of(cells, t, p, a), group_of(cells, t, p, BASELINE)
-                row = {**row_id(args, budget, t, p, a), "rates": {}, "seeds": {}, "differences": {}}
+                row = {**row_id(args, budget, t, p, a), "rates": {}, "counts": {}, "differences": {}}
                 for name in ["clean"] + [f"{kind}_{sev}" for kind, sev in CORRUPTED]:
                     evals = [load_eval(c, name) for c in group]
                     res = pooled(evals)
                     if res is not None:
                         diff = versus_full(evals, [load_eval(c, name) for c in base], a)
                         row[name] = rate_and_difference(res, diff) + f", {res['seeds']} seed{'s' * (res['seeds'] > 1)}"
-                        row["rates"][name], row["seeds"][name] = res["success_rate"], res["per_seed"]
+                        row["rates"][name], row["counts"][name] = res["success_rate"], res["counts"]
                         if diff:
                             row["differences"][name] = {k: diff[k] for k in ("diff", "diff_ci95", "verdict")}
                 if "clean" in row["rates"]:
@@ -303,14 +303,14 @@ def report_resolution(args, budget):
             for a in budget["attentions"]:
                 group, base = group_of(cells, t, p, a), group_of(cells, t, p, BASELINE)
                 for label, variant in resolution_variants(a):
-                    row = {**row_id(args, budget, t, p, a, label), "rates": {}, "seeds": {}}
+                    row = {**row_id(args, budget, t, p, a, label), "rates": {}, "counts": {}}
                     for size in eval_sizes(args, t):
                         evals = [resolution_eval(args, budget, c, size, variant).result() for c in group]
                         res = pooled(evals)
                         if res is not None:
                             diff = versus_full(evals, [resolution_eval(args, budget, c, size, None).result() for c in base], a)
                             row[f"size{size}"] = rate_and_difference(res, diff) + f", {res['seeds']} seed{'s' * (res['seeds'] > 1)}"
-                            row["rates"][size], row["seeds"][size] = res["success_rate"], res["per_seed"]
+                            row["rates"][size], row["counts"][size] = res["success_rate"], res["counts"]
                     if row["rates"]:
                         rows.append(row)
     # every task's sizes: rows of other tasks kept from earlier runs fill their own columns

@@ -1,85 +1,152 @@
-"""Paired comparisons over training seeds: each method's runs against full attention's.
+"""The claims table: each claim of the two papers that the studies test, its measured effect with a
+95% interval, and a verdict, built from the studies' ``results/<study>/results.json``.
 
-    python -m studies.claims --method full=RUN_A,RUN_B,... --method fibottention=RUN_C,... \\
-        [--episodes 50] [--corrupted-episodes 30] [--workers 1] [--out results/claims]
+    python -m studies.claims [--task lift] [--policy bc] [--results results]
 
-Every run directory is one training seed of one method. Each is rolled out clean and under
-brightness +0.1 and contrast 0.5 (the corruptions where the single-seed robustness study saw
-Fibottention fail), per-episode outcomes kept in ``<run>/eval/<step>_seed100000_<options>/summary.json``
-(an evaluation that exists is reused). The table gives each method's mean over seeds with a
-seed-then-episode bootstrap interval, and its difference to the first method with an interval
-(``studies.stats``). Writes ``<out>/table.md`` and ``<out>/results.json``.
+Rewrites the table between the ``claims:begin`` / ``claims:end`` markers of ``results/claims.md``
+(the prose around it is written by hand) and writes ``results/claims.json``. Every effect is a
+difference of mean success over training seeds, resampled over seeds, then over each seed's
+episodes (``studies.stats``), from the (successes, episodes) of each seed the study tables keep.
+A claim whose cells have not run yet says so. Verdicts: ``supported`` (the interval excludes 0 on
+the claimed side), ``contradicted`` (on the other), ``not resolved at this scale``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
-import numpy as np
+from studies.common import outcomes_from_counts
+from studies.stats import bootstrap_difference, bootstrap_rate, verdict
 
-from core.evaluation import default_out_dir, evaluate_checkpoint
-from policies.checkpoint import read_checkpoint_meta, resolve_checkpoint
-from studies.corruptions import LEVELS, obs_corruptor
-from studies.stats import bootstrap_difference, bootstrap_rate
+BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
+LABELS = {"full": "full", "fibottention": "Fibottention", "fibottention:windows=robot": "Fibottention (robot windows)",
+          "fibottention:mask_mode=multiplicative": "Fibottention (multiplicative mask)", "lookhere": "LookHere-90",
+          "lookhere:45": "LookHere-45", "bigbird": "BigBird"}
+FIB = ["fibottention", "fibottention:windows=robot"]
+LOOKHERE = ["lookhere"]
 
-CONDITIONS = {"clean": None, "brightness+0.1": ("brightness", 1), "contrast0.5": ("contrast", 2)}
+
+def _counts(row: dict) -> list[list[int]]:
+    """(k, n) per seed of a main / data-efficiency row (rows written before ``counts`` existed: from the rates)."""
+    if "counts" in row:
+        return row["counts"]
+    per = row["episodes"] // len(row["per_seed"])
+    return [[round(r * per), per] for r in row["per_seed"]]
 
 
-def outcomes(run: str, condition: str, episodes: int, workers: int) -> np.ndarray:
-    """0/1 successes of ``run`` under ``condition`` (cached in the run's eval folder)."""
-    ckpt = resolve_checkpoint(run)
-    corruption = CONDITIONS[condition]
-    options = {"n": episodes, **({"corruption": f"{corruption[0]}{corruption[1]}"} if corruption else {})}
-    out_dir = default_out_dir(ckpt, 100000, options)
-    summary_path = out_dir / "summary.json"
-    if not summary_path.exists():
-        transform = None
-        if corruption:
-            keys = [k for k, s in read_checkpoint_meta(ckpt)["policy_config"]["input_shapes"].items() if len(s) == 3]
-            transform = obs_corruptor(corruption[0], corruption[1], keys)
-        evaluate_checkpoint(ckpt, num_episodes=episodes, workers=workers, out_dir=out_dir, num_videos=0,
-                            obs_transform=transform)
-    summary = json.loads(summary_path.read_text())
-    return np.array([float(e["success"]) for e in summary["episodes"]])
+def _rows(results: Path, study: str, task: str, policy: str) -> list[dict]:
+    path = results / study / "results.json"
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    return [r for r in rows if r.get("task") == task and r.get("policy") == policy and not r.get("extra")]
+
+
+def _best(rows: list[dict], **match) -> dict | None:
+    """The row of ``match`` with the most seeds (the current measurement; older single-seed rows stay in the tables)."""
+    found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    return max(found, key=lambda r: len(r.get("per_seed", [])) or len(next(iter(r.get("counts", {}).values()), [])),
+               default=None)
+
+
+def compare(a: list, b: list, claim_sign: int = 1) -> dict:
+    """Mean of ``a`` minus mean of ``b`` ((k, n) per seed each), with interval, seeds and verdict."""
+    oa, ob = outcomes_from_counts(a), outcomes_from_counts(b)
+    d = bootstrap_difference(oa, ob)
+    ra, rb = bootstrap_rate(oa), bootstrap_rate(ob)
+    return {"effect": f"{100 * d.mean:+.0f} [{100 * d.lo:+.0f}, {100 * d.hi:+.0f}] points",
+            "rates": f"{ra.fmt()} vs {rb.fmt()}", "seeds": f"{len(a)} vs {len(b)}",
+            "diff": d.mean, "ci95": [d.lo, d.hi], "verdict": _verdict(d, claim_sign, min(len(a), len(b)))}
+
+
+def _verdict(diff, claim_sign: int, seeds: int) -> str:
+    v = verdict(diff, claim_sign)
+    return v if seeds >= 3 or v == "not resolved at this scale" else f"{v} on {seeds} seed{'s' * (seeds > 1)} (fewer than 3)"
+
+
+def claims(results: Path, task: str, policy: str) -> list[dict]:
+    out = []
+
+    def add(claim, measurement, result):
+        out.append({"claim": claim, "measurement": measurement, **(result or {"effect": "not measured yet", "verdict": "—"})})
+
+    main = _rows(results, "main", task, policy)
+    full = _best(main, attention="full")
+    main = [r for r in main if full and r.get("steps") == full.get("steps")]  # rows trained as long as the baseline
+    for a in FIB + LOOKHERE + ["bigbird"]:
+        row = _best(main, attention=a)
+        claim = "Better task success (Fibottention)" if a in FIB else "Better task success (LookHere)" if a in LOOKHERE \
+            else "Sparse baseline (BigBird; no claim)"
+        add(claim, f"{task} {policy}, clean, {LABELS[a]} − full",
+            compare(_counts(row), _counts(full)) if row and full else None)
+    eff = _rows(results, "data_efficiency", task, policy)
+    for n in sorted({r["demos"] for r in eff}):
+        base = _best(eff, attention="full", demos=n)
+        for a in ["fibottention", "lookhere"]:
+            row = _best(eff, attention=a, demos=n)
+            add(f"Better with scarce data ({'Fibottention' if a in FIB else 'LookHere'})",
+                f"{task} {policy}, {n} demonstrations, {LABELS[a]} − full",
+                compare(_counts(row), _counts(base)) if row and base else None)
+    rob = _rows(results, "robustness", task, policy)
+    base = _best(rob, attention="full")
+    for a in FIB + ["fibottention:mask_mode=multiplicative"] + LOOKHERE:
+        row = _best(rob, attention=a)
+        for name in (row or {}).get("counts", {}):
+            if name != "clean" and base and name in base.get("counts", {}):
+                add(f"More robust to corruptions ({'Fibottention' if a.startswith('fib') else 'LookHere'})",
+                    f"{task} {policy}, {name.replace('_', ' ')}, {LABELS[a]} − full",
+                    compare(row["counts"][name], base["counts"][name]))
+    res = _rows(results, "resolution", task, policy)
+    base = _best(res, attention="full")
+    for a in ["lookhere", "lookhere (s_g scaled)"]:
+        row = _best(res, attention=a)
+        for size in (row or {}).get("counts", {}):
+            if base and size in base.get("counts", {}) and int(size) != min(int(s) for s in row["counts"]):
+                add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered at {size} px, {a} − full",
+                    compare(row["counts"][size], base["counts"][size]))
+    div = json.loads((results / "diversity" / "results.json").read_text())["rows"] if (results / "diversity" / "results.json").exists() else []
+    shown = {r["attention"]: r["diversity"] for r in div if r.get("task") == task and r.get("policy") == policy}
+    if shown:
+        add("More diverse heads (both)", f"{task} {policy}, 1 − mean pairwise CKA of the heads, first seed of each",
+            {"effect": ", ".join(f"{LABELS.get(a, a)} {v}" for a, v in shown.items()),
+             "verdict": "not resolved at this scale (one seed each, no interval)"})
+    sparse, dense_mask = _best(main, attention="fibottention"), _best(main, attention="fibottention:mask_mode=multiplicative")
+    add("The gain needs the sparsity (Fibottention)", f"{task} {policy}, clean, Fibottention − the same with the public "
+        "code's multiplicative mask", compare(_counts(sparse), _counts(dense_mask)) if sparse and dense_mask else None)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| claim (paper) | measurement | success, mean [95% CI] | effect [95% CI] | seeds | verdict |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['claim']} | {r['measurement']} | {r.get('rates', '')} | {r['effect']} | {r.get('seeds', '')} | {r['verdict']} |")
+    return "\n".join(lines)
+
+
+def write(md: Path, text: str) -> None:
+    """Put ``text`` between the markers of ``md`` (appended with them if absent), by a rename."""
+    old = md.read_text() if md.exists() else ""
+    block = f"{BEGIN}\n{text}\n{END}"
+    new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, old, flags=re.S) if BEGIN in old \
+        else old + ("\n" if old else "") + block + "\n"
+    tmp = md.with_name(f".{md.name}.tmp")
+    tmp.write_text(new)
+    tmp.replace(md)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m studies.claims", description=__doc__.splitlines()[0])
-    parser.add_argument("--method", action="append", required=True, help="NAME=RUN[,RUN...]; the first is the baseline")
-    parser.add_argument("--episodes", type=int, default=50)
-    parser.add_argument("--corrupted-episodes", type=int, default=30)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--out", default="results/claims")
+    parser.add_argument("--task", default="lift")
+    parser.add_argument("--policy", default="bc")
+    parser.add_argument("--results", default="results")
     args = parser.parse_args(argv)
-    methods = {}
-    for spec in args.method:
-        name, runs = spec.split("=", 1)
-        methods[name] = runs.split(",")
-    base = next(iter(methods))
-    rows = []
-    for condition in CONDITIONS:
-        n = args.episodes if condition == "clean" else args.corrupted_episodes
-        per = {m: [outcomes(r, condition, n, args.workers) for r in runs] for m, runs in methods.items()}
-        for m in methods:
-            est = bootstrap_rate(per[m])
-            row = {"condition": condition, "method": m, "seeds": est.seeds, "episodes": est.episodes,
-                   "per_seed": [float(o.mean()) for o in per[m]], "rate": est.fmt()}
-            if m != base:
-                diff = bootstrap_difference(per[m], per[base])
-                row.update(diff=f"{100 * diff.mean:+.0f} [{100 * diff.lo:+.0f}, {100 * diff.hi:+.0f}]",
-                           diff_lo=diff.lo, diff_hi=diff.hi)
-            rows.append(row)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"methods": methods, "levels": LEVELS, "rows": rows}, indent=2))
-    lines = ["| condition | method | seeds | per-seed success | mean [95% CI, seeds then episodes] | "
-             f"difference to {base} (points) [95% CI] |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        per_seed = " / ".join(f"{100 * p:.0f}%" for p in r["per_seed"])
-        lines.append(f"| {r['condition']} | {r['method']} | {r['seeds']} | {per_seed} | {r['rate']} | {r.get('diff', '')} |")
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    results = Path(args.results)
+    rows = claims(results, args.task, args.policy)
+    text = table(rows)
+    write(results / "claims.md", text)
+    (results / "claims.json").write_text(json.dumps({"task": args.task, "policy": args.policy, "rows": rows}, indent=2))
+    print(text)
     return rows
 
 

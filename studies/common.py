@@ -241,9 +241,14 @@ def train_seconds(cell: Cell) -> float | None:
     return json.loads(p.read_text())["train_seconds"] if p.exists() else None
 
 
+def outcomes_from_counts(counts: list[tuple[int, int]]) -> list[np.ndarray]:
+    """(successes, episodes) per seed -> each seed's 0/1 episode outcomes (the bootstrap needs no order)."""
+    return [np.r_[np.ones(int(k)), np.zeros(int(n) - int(k))] for k, n in counts]
+
+
 def seed_outcomes(summaries: list[dict]) -> list[np.ndarray]:
-    """Each evaluated seed's 0/1 episode outcomes, rebuilt from its counts (the bootstrap needs no order)."""
-    return [np.r_[np.ones(s["successes"]), np.zeros(s["num_episodes"] - s["successes"])] for s in summaries]
+    """Each evaluated seed's 0/1 episode outcomes, rebuilt from its summary's counts."""
+    return outcomes_from_counts([(s["successes"], s["num_episodes"]) for s in summaries])
 
 
 def pooled(summaries: list[dict | None]) -> dict | None:
@@ -259,7 +264,8 @@ def pooled(summaries: list[dict | None]) -> dict | None:
     est = bootstrap_rate(seed_outcomes(summaries))
     n = sum(s["num_episodes"] for s in summaries)
     out = {"successes": sum(s["successes"] for s in summaries), "episodes": n, "success_rate": est.mean,
-           "ci95": [est.lo, est.hi], "seeds": est.seeds, "per_seed": [s["success_rate"] for s in summaries]}
+           "ci95": [est.lo, est.hi], "seeds": est.seeds, "per_seed": [s["success_rate"] for s in summaries],
+           "counts": [[s["successes"], s["num_episodes"]] for s in summaries]}  # (k, n) per seed: what studies.claims resamples
     if all("mean_max_coverage" in s for s in summaries):
         out["mean_max_coverage"] = sum(s["mean_max_coverage"] * s["num_episodes"] for s in summaries) / n
     return out

@@ -1,4 +1,6 @@
 """The seed-then-episode bootstrap: real intervals on known cases."""
+import json
+
 import numpy as np
 import pytest
 
@@ -31,3 +33,32 @@ def test_difference_interval_and_verdicts():
     assert same.lo < 0 < same.hi and verdict(same) == "not resolved at this scale"
     with pytest.raises(ValueError, match="at least one evaluated episode"):
         bootstrap_rate([np.array([])])
+
+
+def _write(root, study, rows):
+    (root / study).mkdir(parents=True)
+    (root / study / "results.json").write_text(json.dumps({"rows": rows}))
+
+
+def test_the_claims_table_compares_each_method_with_full_attention_and_keeps_the_prose(tmp_path):
+    from studies.claims import BEGIN, END, main
+
+    row = lambda a, counts, **kw: {"task": "lift", "policy": "bc", "attention": a, "extra": "", **kw,  # noqa: E731
+                                   "counts": counts, "per_seed": [k / n for k, n in counts]}
+    _write(tmp_path, "main", [row("full", [[50, 50]] * 3), row("fibottention", [[49, 50], [50, 50], [48, 50]]),
+                              row("fibottention", [[50, 50]]),  # an older single-seed row: the 3-seed one is used
+                              row("lookhere", [[25, 50]] * 3), row("fibottention:mask_mode=multiplicative", [[40, 50]])])
+    _write(tmp_path, "robustness", [{**row("full", []), "counts": {"clean": [[50, 50]] * 3, "brightness_1": [[30, 30]] * 3}},
+                                    {**row("fibottention", []), "counts": {"clean": [[50, 50]] * 3, "brightness_1": [[3, 30]] * 3}}])
+    (tmp_path / "claims.md").write_text(f"# Claims\n\nprose before\n\n{BEGIN}\nold table\n{END}\n\nprose after\n")
+    rows = {r["measurement"]: r for r in main(["--results", str(tmp_path)])}
+    fib = rows["lift bc, clean, Fibottention − full"]
+    assert fib["effect"].startswith("-2 [") and fib["verdict"] == "not resolved at this scale" and fib["seeds"] == "3 vs 3"
+    assert rows["lift bc, clean, LookHere-90 − full"]["verdict"] == "contradicted"
+    assert rows["lift bc, brightness 1, Fibottention − full"]["effect"].startswith("-90 [")
+    assert rows["lift bc, clean, Fibottention (robot windows) − full"]["effect"] == "not measured yet"
+    sparsity = rows["lift bc, clean, Fibottention − the same with the public code's multiplicative mask"]
+    assert sparsity["diff"] == pytest.approx(0.98 - 0.8) and sparsity["verdict"] == "supported on 1 seed (fewer than 3)"
+    md = (tmp_path / "claims.md").read_text()
+    assert md.startswith("# Claims\n\nprose before") and md.rstrip().endswith("prose after") and "old table" not in md
+    assert md.count(BEGIN) == 1 and "| More robust to corruptions (Fibottention) |" in md
