@@ -23,7 +23,7 @@ from policies.obs_encoder import crop_images
 from studies.corruptions import corrupt
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+def relative_change(a: torch.Tensor, b: torch.Tensor) -> float:
     """Mean over the batch of ||a - b|| / ||a|| (each sample flattened)."""
     a, b = a.flatten(1), b.flatten(1)
     return float(((a - b).norm(dim=1) / a.norm(dim=1).clamp_min(1e-12)).mean())
@@ -33,7 +33,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def stages(vit, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every stage of ``vit.forward`` on images (B, C, H, W) in [0, 1]."""
     out = {}
-    t = vit.patch_embed(x * 2.0 - 1.0)  # (B, dim, gh, gw)
+    t = vit.patch_embed(vit.normalize_input(x))  # (B, dim, gh, gw)
     grid = (t.shape[-2], t.shape[-1])
     t = t.flatten(2).transpose(1, 2)  # (B, P, dim)
     out["patch_embed"] = t
@@ -55,7 +55,9 @@ def stages(vit, x: torch.Tensor) -> dict[str, torch.Tensor]:
         if p:
             scores = cap["q"] @ cap["k"].transpose(-2, -1) / cap["q"].shape[-1] ** 0.5  # (B, heads, N, N)
             bias = block.attn.dense_bias(grid, p, t.device)
-            if bias is not None:
+            if bias is not None and block.attn.mask_mode == "multiplicative":  # the public code: logits x 0/1
+                scores = scores * torch.isfinite(bias)
+            elif bias is not None:
                 scores = scores + bias
             out[f"block{i}.cls_mass"] = scores.softmax(-1)[:, :, p:, 0].mean(dim=(1, 2))  # (B,)
             out[f"block{i}.cls"] = t[:, :p]
@@ -64,7 +66,8 @@ def stages(vit, x: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
+def frames_of(checkpoint, frames: int, kind: str, severity: int):
+    """(first camera's ViT, checkpoint meta, clean images, corrupted images) on ``frames`` dataset frames."""
     meta = read_checkpoint_meta(checkpoint)
     policy = load_policy(checkpoint)
     data = make_dataset(from_dict(TaskConfig, meta["cfg"]["task"]), meta["policy_config"]["input_shapes"])
@@ -75,15 +78,20 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
     enc = policy.obs_encoder
     to_x = lambda a: crop_images(torch.from_numpy(a).permute(0, 3, 1, 2).float() / 255.0,  # noqa: E731
                                  enc.crop_size_for(key, a.shape[1]), random=False)
-    a, b = stages(enc.vits[0], to_x(clean)), stages(enc.vits[0], to_x(shifted))
+    return enc.vits[0], meta, to_x(clean), to_x(shifted)
+
+
+def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
+    vit, meta, clean_x, shifted_x = frames_of(checkpoint, frames, kind, severity)
+    a, b = stages(vit, clean_x), stages(vit, shifted_x)
     rows = {}
     for name in a:
         if name.endswith("cls_mass"):
             rows[name] = {"clean": float(a[name].mean()), "corrupted": float(b[name].mean())}
         else:
-            rows[name] = _rel(a[name], b[name])
+            rows[name] = relative_change(a[name], b[name])
     return {"checkpoint": str(checkpoint), "attention": meta["policy_config"]["vit"]["attention"]["kind"],
-            "camera": key, "frames": frames, "corruption": f"{kind}:{severity}", "stages": rows}
+            "input_norm": meta["policy_config"]["vit"].get("input_norm", "fixed"), "frames": frames, "corruption": f"{kind}:{severity}", "stages": rows}
 
 
 def main(argv=None):

@@ -342,3 +342,25 @@ def test_the_robustness_study_runs_only_the_chosen_corruptions(tmp_path, tiny_ex
     assert "brightness 1" in (out / "table.md").read_text() and "contrast 2" not in (out / "table.md").read_text()
     with pytest.raises(SystemExit, match="brightness:4"):
         studies_main(["robustness", *TINY_ARGS, "--corruptions", "brightness:4", "--results", str(tmp_path / "r"), *tiny_extra])
+
+
+@pytest.mark.parametrize("kind", ["full", "fibottention", "lookhere"])
+def test_activation_patching_reproduces_the_encoder_and_restoring_a_path_removes_its_change(kind):
+    from policies.vision.attention import AttentionConfig
+    from policies.vision.vit import ViT, ViTConfig
+    from studies.feature_shift import relative_change
+    from studies.shift_patching import components, run
+
+    torch.manual_seed(0)
+    vit = ViT(ViTConfig(dim=32, depth=2, num_heads=4, attention=AttentionConfig(kind=kind))).eval()
+    x = torch.rand(4, 3, 72, 72)
+    f, clean = run(vit, x)
+    torch.testing.assert_close(f, vit(x), rtol=1e-5, atol=1e-5)  # step by step is the encoder itself
+    shifted = (x + 0.1).clamp(0, 1)
+    f_shift, _ = run(vit, shifted)
+    r0 = relative_change(f, f_shift)
+    assert r0 > 1e-3
+    restored = {label: relative_change(f, run(vit, shifted, clean, names)[0]) for label, names in components(vit)}
+    # with CLS pooling the image reaches the output only through attention, and never through the last patch tokens
+    assert restored["every block's attention"] < 1e-6 and restored["patch tokens after the last block"] == pytest.approx(r0)
+    assert 0 < restored["block0.head1"] < r0 * 1.5 and restored["every block's MLP"] < r0

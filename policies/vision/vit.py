@@ -168,7 +168,10 @@ class ViT(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) in [0, 1] -> features (B, out_dim)."""
-        tokens, grid = self.forward_tokens(images)
+        return self.read_out(*self.forward_tokens(images))
+
+    def read_out(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """tokens (B, prefix + P, dim) after the final norm -> features (B, out_dim)."""
         patches = tokens[:, self.num_prefix :]  # (B, P, dim)
         pooled = tokens[:, 0] if self.cfg.use_cls and self.cfg.pool != "mean" else patches.mean(dim=1)
         if self.keypoints is not None:
