@@ -94,15 +94,21 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
             "input_norm": meta["policy_config"]["vit"].get("input_norm", "fixed"), "frames": frames, "corruption": f"{kind}:{severity}", "stages": rows}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m studies.feature_shift", description=__doc__.splitlines()[0])
+def parse_args(argv, prog: str, doc: str):
+    """The command line both encoder analyses share: (args, corruption kind, severity)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     parser.add_argument("checkpoints", nargs="+")
     parser.add_argument("--frames", type=int, default=48)
     parser.add_argument("--corruption", default="brightness:1", help="KIND:SEVERITY, e.g. contrast:2")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     kind, severity = args.corruption.split(":")
-    results = [measure(c, args.frames, kind, int(severity)) for c in args.checkpoints]
+    return args, kind, int(severity)
+
+
+def main(argv=None):
+    args, kind, severity = parse_args(argv, "python -m studies.feature_shift", __doc__)
+    results = [measure(c, args.frames, kind, severity) for c in args.checkpoints]
     names = list(results[0]["stages"])
     print(f"relative change under {args.corruption} ({args.frames} frames)".ljust(34) +
           "".join(f"{r['attention']:>14}" for r in results))

@@ -12,12 +12,11 @@ is at each stage; this says which path it takes.
 """
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
 
-from studies.feature_shift import frames_of, relative_change
+from studies.feature_shift import frames_of, parse_args, relative_change
 
 
 @torch.no_grad()
@@ -25,14 +24,7 @@ def run(vit, x: torch.Tensor, clean: dict | None = None, restore: frozenset = fr
     """``vit(x)`` step by step; a name in ``restore`` ("block0.head2", "block1.attn", "block1.mlp", or
     "patches@block1": the patch tokens' residual stream entering block 1, "patches@out" leaving the
     last) takes its activation from ``clean`` (a previous run's activations). Returns (feature, activations)."""
-    t = vit.patch_embed(vit.normalize_input(x))  # (B, dim, gh, gw)
-    grid = (t.shape[-2], t.shape[-1])
-    t = t.flatten(2).transpose(1, 2)  # (B, P, dim)
-    pos = vit._position(grid, t.device, t.dtype)
-    if pos is not None:
-        t = t + pos
-    if vit.cls_token is not None:
-        t = torch.cat([vit.cls_token.expand(t.shape[0], -1, -1), t], dim=1)  # (B, 1 + P, dim)
+    t, grid = vit.embed(x)  # (B, prefix + P, dim)
     acts = {}
     B, N, C = t.shape
     p = vit.num_prefix
@@ -91,14 +83,8 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m studies.shift_patching", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoints", nargs="+")
-    parser.add_argument("--frames", type=int, default=48)
-    parser.add_argument("--corruption", default="brightness:1", help="KIND:SEVERITY, e.g. contrast:2")
-    parser.add_argument("--json", help="write the results here")
-    args = parser.parse_args(argv)
-    kind, severity = args.corruption.split(":")
-    results = [measure(c, args.frames, kind, int(severity)) for c in args.checkpoints]
+    args, kind, severity = parse_args(argv, "python -m studies.shift_patching", __doc__)
+    results = [measure(c, args.frames, kind, severity) for c in args.checkpoints]
     print(f"share of the output change under {args.corruption} through".ljust(44) +
           "".join(f"{r['attention'][:13]:>14}" for r in results))
     print("  (output change, nothing restored)".ljust(44) + "".join(f"{r['output_change']:>14.3f}" for r in results))

@@ -152,8 +152,8 @@ class ViT(nn.Module):
             return (images - mean) / std.clamp_min(1e-3)  # a floor, not an added eps: exact for any contrast, finite when flat
         return images * 2.0 - 1.0
 
-    def forward_tokens(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """images (B, C, H, W) in [0, 1] -> tokens (B, prefix + P, dim) after the last block."""
+    def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """images (B, C, H, W) in [0, 1] -> the first block's input (B, prefix + P, dim) and the patch grid."""
         x = self.patch_embed(self.normalize_input(images))  # (B, dim, gh, gw)
         grid = (x.shape[-2], x.shape[-1])
         x = x.flatten(2).transpose(1, 2)  # (B, P, dim)
@@ -162,6 +162,11 @@ class ViT(nn.Module):
             x = x + pos
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + P, dim)
+        return x, grid
+
+    def forward_tokens(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """images (B, C, H, W) in [0, 1] -> tokens (B, prefix + P, dim) after the last block."""
+        x, grid = self.embed(images)
         for block in self.blocks:
             x = block(x, grid, self.num_prefix)
         return self.norm(x), grid
