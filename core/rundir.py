@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import shutil
@@ -80,13 +81,40 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_resume_config(saved: dict, current: dict, checkpoint: Path) -> None:
-    """Refuse to resume with settings that change the model or the data, naming each one."""
+def _field_default(cfg, key: str):
+    """The dataclass default of the dotted ``key`` of the config object ``cfg`` (a sentinel if it has none)."""
+    *path, name = key.split(".")
+    obj = cfg
+    for part in path:
+        obj = getattr(obj, part, None)
+    for f in dataclasses.fields(obj) if dataclasses.is_dataclass(obj) else ():
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    return _NO_DEFAULT
+
+
+_NO_DEFAULT = object()
+
+
+def check_resume_config(saved: dict, current: dict, checkpoint: Path, schema=None) -> None:
+    """Refuse to resume with settings that change the model or the data, naming each one.
+
+    ``schema``: the current config object; a setting the saved config lacks (added to the package
+    since that checkpoint) is no change if the run now has its default, which is what it trained with.
+    """
     def resumable(key: str) -> bool:
         return any(key == r or key.startswith(r + ".") for r in RESUMABLE)
 
+    def same(key: str) -> bool:
+        if key not in old and key in new and schema is not None:
+            return new[key] == _field_default(schema, key)
+        return old.get(key) == new.get(key)
+
     old, new = _flatten(saved), _flatten(current)
-    changed = sorted(k for k in set(old) | set(new) if not resumable(k) and old.get(k) != new.get(k))
+    changed = sorted(k for k in set(old) | set(new) if not resumable(k) and not same(k))
     if changed:
         shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:6])
         more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""

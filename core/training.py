@@ -76,7 +76,7 @@ def train(cfg: TrainRunConfig) -> TrainResult:
     if cfg.resume and not ddp.is_main:
         resume_from = newest_checkpoint(run.checkpoints)
     if resume_from is not None:
-        check_resume_config(read_checkpoint_meta(resume_from)["cfg"], to_dict(cfg), resume_from)
+        check_resume_config(read_checkpoint_meta(resume_from)["cfg"], to_dict(cfg), resume_from, schema=cfg)
     if tcfg.num_threads:
         torch.set_num_threads(tcfg.num_threads)
     device = pick_device(cfg.device, ddp.local_rank)

@@ -143,7 +143,10 @@ def train_cell(cell: Cell, log=print) -> Path | None:
 
     cfg = cell.config()
     last = newest_checkpoint(cell.run_dir / "checkpoints")
-    resume, timed = False, True
+    resume, timed, fresh = False, True, False
+    if last is None and (cell.run_dir / "config.json").exists():
+        fresh = True  # started and stopped before its first checkpoint: nothing to keep, start it again
+        log(f"restarting {cell.key}: it stopped before its first checkpoint")
     if last is not None:
         state = _saved_state(last)
         if int(state["step"]) >= cfg.train.steps:
@@ -151,7 +154,7 @@ def train_cell(cell: Cell, log=print) -> Path | None:
         resume = True
         timed = "train_seconds" in state  # checkpoints older than the running total give a partial time
         log(f"resuming {cell.key} at step {state['step']}")
-    result = train(replace(cfg, resume=resume))
+    result = train(replace(cfg, resume=resume, overwrite=fresh))
     if timed and result.checkpoint is not None:  # wall time summed over the interrupted run and its resumptions
         info = {"train_seconds": result.train_seconds, "overrides": cell.overrides(), "resumed": resume}
         (cell.run_dir / "train_info.json").write_text(json.dumps(info, indent=2))
