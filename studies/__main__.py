@@ -343,7 +343,16 @@ def report_resolution(args, budget):
 
 
 def diversity_cells(args, budget, task):
-    return [c for c in cells_for(args, task, budget) if c.seed == budget["seeds"][0]]
+    return cells_for(args, task, budget)
+
+
+def seed_bootstrap_difference(a: list[float], b: list[float], n_boot: int = 10000) -> tuple[float, float, float]:
+    """Mean of ``a`` minus mean of ``b`` (one value per training seed) with a 95% interval, seeds resampled."""
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(a), np.asarray(b)
+    draws = rng.choice(a, (n_boot, len(a))).mean(1) - rng.choice(b, (n_boot, len(b))).mean(1)
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return float(a.mean() - b.mean()), float(lo), float(hi)
 
 
 def plan_diversity(args, budget):
@@ -358,7 +367,7 @@ def report_diversity(args, budget):
     from policies.obs_encoder import crop_images
     from studies.diversity import attention_maps, encoder_diversity
 
-    rows, maps = [], {}
+    rows, maps, per_seed = [], {}, {}
     for t in args.tasks:
         cells = [c for c in diversity_cells(args, budget, t) if c.finished()]
         if not cells:
@@ -374,11 +383,22 @@ def report_diversity(args, budget):
             x = crop_images(x, enc.crop_size_for(key, x.shape[-2]), random=False)
             vit = enc.vits[0]
             layers = encoder_diversity(vit, x)
-            rows.append({"task": t, "policy": c.policy, "attention": c.attention,
-                         "diversity": f"{np.mean([l['diversity'] for l in layers]):.3f}",
-                         "per_layer": ", ".join(f"{l['diversity']:.3f}" for l in layers),
-                         "layers": [{"diversity": l["diversity"], "mean_cka": l["mean_cka"]} for l in layers]})
-            maps[(t, c.policy, c.attention)] = (attention_maps(vit, x[:1])[-1], x[0])
+            per_seed.setdefault((t, c.policy, c.attention), []).append(
+                {"seed": c.seed, "diversity": float(np.mean([l["diversity"] for l in layers])),
+                 "layers": [{"diversity": l["diversity"], "mean_cka": l["mean_cka"]} for l in layers]})
+            if (t, c.policy, c.attention) not in maps:  # the first seed's maps
+                maps[(t, c.policy, c.attention)] = (attention_maps(vit, x[:1])[-1], x[0])
+    for (t, p, a), seeds in per_seed.items():
+        values = [s["diversity"] for s in seeds]
+        row = {"task": t, "policy": p, "attention": a, "diversity": f"{np.mean(values):.3f}", "values": values,
+               "per_seed": ", ".join(f"{v:.3f}" for v in values), "seeds": seeds,
+               "per_layer": ", ".join(f"{np.mean([s['layers'][i]['diversity'] for s in seeds]):.3f}"
+                                      for i in range(len(seeds[0]["layers"])))}
+        base = per_seed.get((t, p, BASELINE))
+        if a != BASELINE and base:
+            d, lo, hi = seed_bootstrap_difference(values, [s["diversity"] for s in base])
+            row.update(diff=d, diff_ci95=[lo, hi], diff_text=f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        rows.append(row)
 
     def plot(plt, rows):
         n = len(maps)
@@ -399,7 +419,9 @@ def report_diversity(args, budget):
         return fig
 
     return write_results("diversity", rows, [("task", "task"), ("policy", "policy"), ("attention", "attention"),
-                                             ("diversity", "diversity (1 - mean CKA)"), ("per_layer", "per layer")],
+                                             ("diversity", "diversity (1 - mean CKA), mean over seeds"),
+                                             ("per_seed", "per seed"), ("diff_text", "− full [95% CI, seeds resampled]"),
+                                             ("per_layer", "per layer")],
                          title="Head diversity of the visual encoders", plot=plot,
                          notes="Diversity = 1 - mean pairwise linear CKA between the heads' outputs on 32 dataset frames; "
                                "0 means identical heads. The plot shows each head's attention (last layer, CLS query) on one frame.")

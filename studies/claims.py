@@ -104,12 +104,18 @@ def claims(results: Path, task: str, policy: str) -> list[dict]:
             if base and size in base.get("counts", {}) and int(size) != min(int(s) for s in row["counts"]):
                 add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered at {size} px, {a} − full",
                     compare(row["counts"][size], base["counts"][size]))
-    div = json.loads((results / "diversity" / "results.json").read_text())["rows"] if (results / "diversity" / "results.json").exists() else []
-    shown = {r["attention"]: r["diversity"] for r in div if r.get("task") == task and r.get("policy") == policy}
-    if shown:
-        add("More diverse heads (both)", f"{task} {policy}, 1 − mean pairwise CKA of the heads, first seed of each",
-            {"effect": ", ".join(f"{LABELS.get(a, a)} {v}" for a, v in shown.items()),
-             "verdict": "not resolved at this scale (one seed each, no interval)"})
+    path = results / "diversity" / "results.json"
+    div = [r for r in (json.loads(path.read_text())["rows"] if path.exists() else [])
+           if r.get("task") == task and r.get("policy") == policy]
+    for r in div:
+        if "diff" in r:
+            lo, hi = r["diff_ci95"]
+            seeds = len(r.get("values", [1]))
+            v = "supported" if lo > 0 else "contradicted" if hi < 0 else "not resolved at this scale"
+            add(f"More diverse heads ({'Fibottention' if r['attention'].startswith('fib') else 'LookHere'})",
+                f"{task} {policy}, 1 − mean pairwise CKA of the heads' outputs, {LABELS.get(r['attention'], r['attention'])} − full",
+                {"effect": r["diff_text"], "rates": f"{r['diversity']} (per seed {r['per_seed']})", "seeds": str(seeds),
+                 "verdict": v if seeds >= 3 or v.startswith("not") else f"{v} on {seeds} seeds (fewer than 3)"})
     sparse, dense_mask = _best(main, attention="fibottention"), _best(main, attention="fibottention:mask_mode=multiplicative")
     add("The gain needs the sparsity (Fibottention)", f"{task} {policy}, clean, Fibottention − the same with the public "
         "code's multiplicative mask", compare(_counts(sparse), _counts(dense_mask)) if sparse and dense_mask else None)
@@ -117,7 +123,7 @@ def claims(results: Path, task: str, policy: str) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| claim (paper) | measurement | success, mean [95% CI] | effect [95% CI] | seeds | verdict |",
+    lines = ["| claim (paper) | measurement | value, mean [95% CI] (success, or head diversity) | effect [95% CI] | seeds | verdict |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['claim']} | {r['measurement']} | {r.get('rates', '')} | {r['effect']} | {r.get('seeds', '')} | {r['verdict']} |")
