@@ -143,9 +143,11 @@ def train_cell(cell: Cell, log=print) -> Path | None:
 
     cfg = cell.config()
     last = newest_checkpoint(cell.run_dir / "checkpoints")
-    resume, timed, fresh = False, True, False
+    resume, timed = False, True
     if last is None and (cell.run_dir / "config.json").exists():
-        fresh = True  # started and stopped before its first checkpoint: nothing to keep, start it again
+        # started and stopped before its first checkpoint: nothing to keep but its logs (the job's own
+        # log file among them), so only the config that marks it as a run goes, and it starts again
+        (cell.run_dir / "config.json").unlink()
         log(f"restarting {cell.key}: it stopped before its first checkpoint")
     if last is not None:
         state = _saved_state(last)
@@ -154,7 +156,7 @@ def train_cell(cell: Cell, log=print) -> Path | None:
         resume = True
         timed = "train_seconds" in state  # checkpoints older than the running total give a partial time
         log(f"resuming {cell.key} at step {state['step']}")
-    result = train(replace(cfg, resume=resume, overwrite=fresh))
+    result = train(replace(cfg, resume=resume))
     if timed and result.checkpoint is not None:  # wall time summed over the interrupted run and its resumptions
         info = {"train_seconds": result.train_seconds, "overrides": cell.overrides(), "resumed": resume}
         (cell.run_dir / "train_info.json").write_text(json.dumps(info, indent=2))
