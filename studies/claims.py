@@ -98,12 +98,15 @@ def claims(results: Path, task: str, policy: str) -> list[dict]:
                     compare(row["counts"][name], base["counts"][name]))
     res = _rows(results, "resolution", task, policy)
     base = _best(res, attention="full")
+    before = len(out)
     for a in ["lookhere", "lookhere (s_g scaled)"]:
         row = _best(res, attention=a)
         for size in (row or {}).get("counts", {}):
             if base and size in base.get("counts", {}) and int(size) != min(int(s) for s in row["counts"]):
                 add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered at {size} px, {a} − full",
                     compare(row["counts"][size], base["counts"][size]))
+    if len(out) == before:  # resolution rows written before the tables kept per-seed counts hold rates only
+        add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered larger than in training, LookHere − full", None)
     path = results / "diversity" / "results.json"
     div = [r for r in (json.loads(path.read_text())["rows"] if path.exists() else [])
            if r.get("task") == task and r.get("policy") == policy]
