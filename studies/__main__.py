@@ -28,6 +28,7 @@ import torch
 from studies import common, engine
 from studies.common import BUDGETS, Cell, Evaluation, difference, fmt_rate, load_eval, pooled, train_seconds, write_results
 from studies.corruptions import CORRUPTIONS
+from studies.stats import bootstrap_mean_difference
 
 TRAIN_SIZE = {"pusht": 96, "lift": 84, "can": 84}
 EVAL_SIZES = {"pusht": [96, 128], "lift": [84, 112, 128], "can": [84, 112, 128]}
@@ -87,8 +88,9 @@ def versus_full(summaries: list, baseline: list, attention: str) -> dict:
 
 
 def rate_and_difference(pool: dict, diff: dict) -> str:
-    """One table cell: ``mean% (difference to full [CI])``."""
-    return f"{100 * pool['success_rate']:.0f}%" + (f" ({diff['diff_text']})" if diff else "")
+    """One table cell: ``mean% (difference to full [CI]), k seeds``."""
+    seeds = f", {pool['seeds']} seed{'s' * (pool['seeds'] > 1)}"
+    return f"{100 * pool['success_rate']:.0f}%" + (f" ({diff['diff_text']})" if diff else "") + seeds
 
 
 SUCCESS_NOTE = ("Success: mean over training seeds of each seed's rate, with a 95% interval from a bootstrap over seeds, then "
@@ -229,7 +231,7 @@ def report_robustness(args, budget):
                     res = pooled(evals)
                     if res is not None:
                         diff = versus_full(evals, [load_eval(c, name) for c in base], a)
-                        row[name] = rate_and_difference(res, diff) + f", {res['seeds']} seed{'s' * (res['seeds'] > 1)}"
+                        row[name] = rate_and_difference(res, diff)
                         row["rates"][name], row["counts"][name] = res["success_rate"], res["counts"]
                         if diff:
                             row["differences"][name] = {k: diff[k] for k in ("diff", "diff_ci95", "verdict")}
@@ -309,7 +311,7 @@ def report_resolution(args, budget):
                         res = pooled(evals)
                         if res is not None:
                             diff = versus_full(evals, [resolution_eval(args, budget, c, size, None).result() for c in base], a)
-                            row[f"size{size}"] = rate_and_difference(res, diff) + f", {res['seeds']} seed{'s' * (res['seeds'] > 1)}"
+                            row[f"size{size}"] = rate_and_difference(res, diff)
                             row["rates"][size], row["counts"][size] = res["success_rate"], res["counts"]
                     if row["rates"]:
                         rows.append(row)
@@ -344,15 +346,6 @@ def report_resolution(args, budget):
 
 def diversity_cells(args, budget, task):
     return cells_for(args, task, budget)
-
-
-def seed_bootstrap_difference(a: list[float], b: list[float], n_boot: int = 10000) -> tuple[float, float, float]:
-    """Mean of ``a`` minus mean of ``b`` (one value per training seed) with a 95% interval, seeds resampled."""
-    rng = np.random.default_rng(0)
-    a, b = np.asarray(a), np.asarray(b)
-    draws = rng.choice(a, (n_boot, len(a))).mean(1) - rng.choice(b, (n_boot, len(b))).mean(1)
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    return float(a.mean() - b.mean()), float(lo), float(hi)
 
 
 def plan_diversity(args, budget):
@@ -396,8 +389,8 @@ def report_diversity(args, budget):
                                       for i in range(len(seeds[0]["layers"])))}
         base = per_seed.get((t, p, BASELINE))
         if a != BASELINE and base:
-            d, lo, hi = seed_bootstrap_difference(values, [s["diversity"] for s in base])
-            row.update(diff=d, diff_ci95=[lo, hi], diff_text=f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+            d = bootstrap_mean_difference(values, [s["diversity"] for s in base])
+            row.update(diff=d.mean, diff_ci95=[d.lo, d.hi], diff_text=f"{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]")
         rows.append(row)
 
     def plot(plt, rows):

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from studies.common import outcomes_from_counts
-from studies.stats import bootstrap_difference, bootstrap_rate, verdict
+from studies.stats import Estimate, bootstrap_difference, bootstrap_rate, verdict
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 LABELS = {"full": "full", "fibottention": "Fibottention", "fibottention:windows=robot": "Fibottention (robot windows)",
@@ -45,8 +45,12 @@ def _rows(results: Path, study: str, task: str, policy: str) -> list[dict]:
 def _best(rows: list[dict], **match) -> dict | None:
     """The row of ``match`` with the most seeds (the current measurement; older single-seed rows stay in the tables)."""
     found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-    return max(found, key=lambda r: len(r.get("per_seed", [])) or len(next(iter(r.get("counts", {}).values()), [])),
-               default=None)
+    return max(found, key=_seed_count, default=None)
+
+
+def _seed_count(row: dict) -> int:
+    """Seeds behind a row: its per-seed rates (main, data efficiency) or its first condition's counts (robustness, resolution)."""
+    return len(row.get("per_seed", [])) or len(next(iter(row.get("counts", {}).values()), []))
 
 
 def compare(a: list, b: list, claim_sign: int = 1) -> dict:
@@ -112,13 +116,12 @@ def claims(results: Path, task: str, policy: str) -> list[dict]:
            if r.get("task") == task and r.get("policy") == policy]
     for r in div:
         if "diff" in r:
-            lo, hi = r["diff_ci95"]
             seeds = len(r.get("values", [1]))
-            v = "supported" if lo > 0 else "contradicted" if hi < 0 else "not resolved at this scale"
+            d = Estimate(r["diff"], *r["diff_ci95"], seeds, 0)
             add(f"More diverse heads ({'Fibottention' if r['attention'].startswith('fib') else 'LookHere'})",
                 f"{task} {policy}, 1 − mean pairwise CKA of the heads' outputs, {LABELS.get(r['attention'], r['attention'])} − full",
                 {"effect": r["diff_text"], "rates": f"{r['diversity']} (per seed {r['per_seed']})", "seeds": str(seeds),
-                 "verdict": v if seeds >= 3 or v.startswith("not") else f"{v} on {seeds} seeds (fewer than 3)"})
+                 "verdict": _verdict(d, 1, seeds)})
     sparse, dense_mask = _best(main, attention="fibottention"), _best(main, attention="fibottention:mask_mode=multiplicative")
     add("The gain needs the sparsity (Fibottention)", f"{task} {policy}, clean, Fibottention − the same with the public "
         "code's multiplicative mask", compare(_counts(sparse), _counts(dense_mask)) if sparse and dense_mask else None)

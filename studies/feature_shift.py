@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -94,8 +95,8 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
             "input_norm": meta["policy_config"]["vit"].get("input_norm", "fixed"), "frames": frames, "corruption": f"{kind}:{severity}", "stages": rows}
 
 
-def parse_args(argv, prog: str, doc: str):
-    """The command line both encoder analyses share: (args, corruption kind, severity)."""
+def measure_all(argv, prog: str, doc: str, measure) -> tuple[argparse.Namespace, list[dict]]:
+    """The command line both encoder analyses share: parse it and ``measure`` every checkpoint."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     parser.add_argument("checkpoints", nargs="+")
     parser.add_argument("--frames", type=int, default=48)
@@ -103,24 +104,29 @@ def parse_args(argv, prog: str, doc: str):
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     kind, severity = args.corruption.split(":")
-    return args, kind, int(severity)
+    return args, [measure(c, args.frames, kind, int(severity)) for c in args.checkpoints]
+
+
+def save(args, results: list[dict]) -> list[dict]:
+    """``--json``: the results, written to a temporary name and renamed."""
+    if args.json:
+        path = Path(args.json)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(results, indent=2))
+        tmp.replace(path)
+    return results
 
 
 def main(argv=None):
-    args, kind, severity = parse_args(argv, "python -m studies.feature_shift", __doc__)
-    results = [measure(c, args.frames, kind, severity) for c in args.checkpoints]
-    names = list(results[0]["stages"])
+    args, results = measure_all(argv, "python -m studies.feature_shift", __doc__, measure)
     print(f"relative change under {args.corruption} ({args.frames} frames)".ljust(34) +
           "".join(f"{r['attention']:>14}" for r in results))
-    for n in names:
+    for n in results[0]["stages"]:
         vals = [r["stages"].get(n) for r in results]
         cells = [f"{v['clean']:.2f}->{v['corrupted']:.2f}" if isinstance(v, dict) else ("" if v is None else f"{v:.3f}")
                  for v in vals]
         print(f"  {n:32s}" + "".join(f"{c:>14}" for c in cells))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return results
+    return save(args, results)
 
 
 if __name__ == "__main__":

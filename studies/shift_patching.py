@@ -12,11 +12,9 @@ is at each stage; this says which path it takes.
 """
 from __future__ import annotations
 
-import json
-
 import torch
 
-from studies.feature_shift import frames_of, parse_args, relative_change
+from studies.feature_shift import frames_of, measure_all, relative_change, save
 
 
 @torch.no_grad()
@@ -83,17 +81,13 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
 
 
 def main(argv=None):
-    args, kind, severity = parse_args(argv, "python -m studies.shift_patching", __doc__)
-    results = [measure(c, args.frames, kind, severity) for c in args.checkpoints]
+    args, results = measure_all(argv, "python -m studies.shift_patching", __doc__, measure)
     print(f"share of the output change under {args.corruption} through".ljust(44) +
           "".join(f"{r['attention'][:13]:>14}" for r in results))
     print("  (output change, nothing restored)".ljust(44) + "".join(f"{r['output_change']:>14.3f}" for r in results))
     for label in results[0]["share_through"]:
         print(f"  {label:42s}" + "".join(f"{r['share_through'].get(label, float('nan')):>14.2f}" for r in results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return results
+    return save(args, results)
 
 
 if __name__ == "__main__":
