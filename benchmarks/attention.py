@@ -32,6 +32,11 @@ allocations/frees reported by ``torch.profiler`` (profile_memory=True; exact all
 accounting, unlike RSS); on CUDA ``torch.cuda.max_memory_allocated``. It includes the output
 and the three input gradients (4 x B*heads*N*d floats, the same for every implementation);
 ``workspace_mb`` is the peak minus those four tensors, i.e. what the method itself needs.
+
+Bound (``visible``): the fraction of (query, key) pairs the pattern lets through, over all heads.
+An exact method that computes only those pairs, each at full attention's cost per pair, is at
+most ``1 / visible`` times faster than full attention: the table's last column. For LookHere
+this is what caps the speed-up: its undirected heads (a third of them) see every key.
 """
 from __future__ import annotations
 
@@ -130,6 +135,13 @@ def runner(impl, args, grid, tensors):
         return torch.autograd.grad(out, (q, k, v), g)
 
     return fwd, fwdbwd
+
+
+def visible_fraction(impl: str, heads: int, grid: tuple[int, int], cls: bool) -> float:
+    """Share of (query, key) pairs over all heads that the pattern of ``impl`` does not mask."""
+    pattern, _ = make_case(impl, heads)
+    bias = pattern.dense_bias(grid, 1 if cls else 0)  # (heads, N, N), or None for full attention
+    return 1.0 if bias is None else torch.isfinite(bias).double().mean().item()
 
 
 def _sync(device):
@@ -262,8 +274,9 @@ def ratio_table(rows) -> str:
 
     lines = [
         "| impl | N (grid) | fwd ms | fwd+bwd ms | fwd+bwd CPU ms | full/this fwd+bwd (wall, CPU) | this/dense fwd+bwd "
-        "| peak MB first / steady | workspace MB first / steady | dense/this peak (first, steady) | dense/this workspace (first, steady) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| peak MB first / steady | workspace MB first / steady | dense/this peak (first, steady) | dense/this workspace (first, steady) "
+        "| pairs visible | bound: 1/visible |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         full = by.get(("full", r["N"]), {})
@@ -276,7 +289,8 @@ def ratio_table(rows) -> str:
             f"| {r['impl']} | {r['N']} ({r['grid']}) | {f(r['fwd_ms'], '{:.2f}')} | {f(r['fwdbwd_ms'], '{:.2f}')} "
             f"| {f(r['fwdbwd_cpu_ms'], '{:.2f}')} | {speed} | {f(vs_dense, '{:.2f}x')} "
             f"| {f(r.get('peak_mb'))} / {f(r.get('steady_peak_mb'))} | {f(r.get('workspace_mb'))} / {f(r.get('steady_workspace_mb'))} "
-            f"| {'' if mem[0] is None else f'{mem[0]:.1f}x, {mem[1]:.1f}x'} | {'' if mem[2] is None else f'{mem[2]:.1f}x, {mem[3]:.1f}x'} |"
+            f"| {'' if mem[0] is None else f'{mem[0]:.1f}x, {mem[1]:.1f}x'} | {'' if mem[2] is None else f'{mem[2]:.1f}x, {mem[3]:.1f}x'} "
+            f"| {f(r.get('visible'), '{:.3f}')} | {f(ratio(1.0, r.get('visible')), '{:.2f}x')} |"
         )
     return "\n".join(lines)
 
@@ -339,6 +353,7 @@ def main(argv=None) -> int:
         rows = time_size(args, grid, device, impls)
         mandatory_mb = 4 * args.batch * args.heads * rows[0]["N"] * args.head_dim * 4 / 2**20
         for row in rows:
+            row["visible"] = visible_fraction(row["impl"], args.heads, grid, args.cls)
             if not args.no_memory:
                 row.update(memory_in_subprocess(args, grid, device, row["impl"]) or {})
                 if "peak_mb" in row:

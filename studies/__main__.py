@@ -502,7 +502,9 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--max-steps", type=int, help="cap evaluation episodes at this many steps")
     parser.add_argument("--steps", type=int, help="override the recipe's training steps (every task)")
     parser.add_argument("--episodes", type=int, help="override the budget's evaluation episodes per seed")
-    parser.add_argument("--seeds", help="override the budget's training seeds, comma-separated")
+    parser.add_argument("--seeds", type=int_list, help="override the budget's training seeds, comma-separated")
+    parser.add_argument("--demos", type=int_list, help="data_efficiency: only these demonstration counts, comma-separated "
+                                                       "(e.g. 10,25; to split a study between machines)")
     parser.add_argument("--corruptions", help="robustness: only these kind:severity cells, e.g. brightness:1,contrast:2")
     parser.add_argument("--sizes", help="resolution: only these evaluation sizes, comma-separated (e.g. 112)")
     parser.add_argument("--results", default=str(common.RESULTS), help="results root (default results/)")
@@ -533,7 +535,9 @@ def main(argv: list[str] | None = None):
     if args.episodes:
         budget["episodes"] = args.episodes
     if args.seeds:
-        budget["seeds"] = [int(x) for x in args.seeds.split(",")]
+        budget["seeds"] = args.seeds
+    if args.demos:
+        budget["demos"] = args.demos
     failed = [] if report_only else run_jobs(args, budget, *PLANS[args.study](args, budget))
     out = REPORTS[args.study](args, budget)
     print((out / "table.md").read_text())
@@ -544,6 +548,17 @@ def main(argv: list[str] | None = None):
             print(f"  {o.label}: {o.message}" + (f"  (log: {o.log})" if o.log else ""), file=sys.stderr)
         raise SystemExit(1)
     return out
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type of a comma-separated list of non-negative integers."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (e.g. 0,1,2)") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more non-negative integers, comma-separated")
+    return values
 
 
 # seconds-long end-to-end runs for the tests

@@ -364,3 +364,16 @@ def test_activation_patching_reproduces_the_encoder_and_restoring_a_path_removes
     # with CLS pooling the image reaches the output only through attention, and never through the last patch tokens
     assert restored["every block's attention"] < 1e-6 and restored["patch tokens after the last block"] == pytest.approx(r0)
     assert 0 < restored["block0.head1"] < r0 * 1.5 and restored["every block's MLP"] < r0
+
+
+def test_the_data_efficiency_study_runs_only_the_chosen_demonstration_counts(tmp_path, tiny_extra, capsys):
+    out = studies_main(["data_efficiency", *TINY_ARGS, "--attentions", "full", "--demos", "1,2",
+                        "--results", str(tmp_path / "r"), *tiny_extra])
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert sorted(r["demos"] for r in rows) == [1, 2]
+    trained = sorted(json.loads((p / "config.json").read_text())["train"]["max_episodes"]
+                     for p in (tmp_path / "r" / "cells").iterdir() if not p.name.startswith("."))
+    assert trained == [1, 2]
+    with pytest.raises(SystemExit):
+        studies_main(["data_efficiency", *TINY_ARGS, "--seeds", "0,x", "--results", str(tmp_path / "r"), *tiny_extra])
+    assert "--seeds: '0,x' is not a comma-separated list of integers" in capsys.readouterr().err
