@@ -53,6 +53,13 @@ def _seed_count(row: dict) -> int:
     return len(row.get("per_seed", [])) or len(next(iter(row.get("counts", {}).values()), []))
 
 
+def _claim(claim: str, attention: str) -> str:
+    """The claims column: which paper claims it; BigBird is the sparse baseline, which claims nothing."""
+    if attention == "bigbird":
+        return f"{claim}: sparse baseline (BigBird; no claim)"
+    return f"{claim} ({'Fibottention' if attention.startswith('fib') else 'LookHere'})"
+
+
 def compare(a: list, b: list, claim_sign: int = 1) -> dict:
     """Mean of ``a`` minus mean of ``b`` ((k, n) per seed each), with interval, seeds and verdict."""
     oa, ob = outcomes_from_counts(a), outcomes_from_counts(b)
@@ -79,9 +86,7 @@ def claims(results: Path, task: str, policy: str) -> list[dict]:
     main = [r for r in main if full and r.get("steps") == full.get("steps")]  # rows trained as long as the baseline
     for a in FIB + LOOKHERE + ["bigbird"]:
         row = _best(main, attention=a)
-        claim = "Better task success (Fibottention)" if a in FIB else "Better task success (LookHere)" if a in LOOKHERE \
-            else "Sparse baseline (BigBird; no claim)"
-        add(claim, f"{task} {policy}, clean, {LABELS[a]} − full",
+        add(_claim("Better task success", a), f"{task} {policy}, clean, {LABELS[a]} − full",
             compare(_counts(row), _counts(full)) if row and full else None)
     eff = _rows(results, "data_efficiency", task, policy)
     for n in sorted({r["demos"] for r in eff}):
@@ -93,11 +98,11 @@ def claims(results: Path, task: str, policy: str) -> list[dict]:
                 compare(_counts(row), _counts(base)) if row and base else None)
     rob = _rows(results, "robustness", task, policy)
     base = _best(rob, attention="full")
-    for a in FIB + ["fibottention:mask_mode=multiplicative"] + LOOKHERE:
+    for a in FIB + ["fibottention:mask_mode=multiplicative"] + LOOKHERE + ["bigbird"]:
         row = _best(rob, attention=a)
         for name in (row or {}).get("counts", {}):
             if name != "clean" and base and name in base.get("counts", {}):
-                add(f"More robust to corruptions ({'Fibottention' if a.startswith('fib') else 'LookHere'})",
+                add(_claim("More robust to corruptions", a),
                     f"{task} {policy}, {name.replace('_', ' ')}, {LABELS[a]} − full",
                     compare(row["counts"][name], base["counts"][name]))
     res = _rows(results, "resolution", task, policy)
