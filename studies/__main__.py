@@ -71,6 +71,12 @@ def group_of(cells, task, policy, attention):
     return [c for c in cells if (c.task, c.policy, c.attention) == (task, policy, attention)]
 
 
+def baseline_of(args, budget, task, policy, extra=()):
+    """Full attention's cells of a row's seeds, also when the command leaves full out of --attentions:
+    a row's difference is to whatever of them has been evaluated (``--attentions bigbird`` after full)."""
+    return [make_cell(args, budget, task, policy, BASELINE, s, extra) for s in budget["seeds"]]
+
+
 def success_text(pool: dict, seeds: int) -> str:
     """The success column; a row built before all its seeds are evaluated says how many it pools."""
     done = len(pool["per_seed"])
@@ -117,7 +123,7 @@ def report_main(args, budget):
                 if pool is None:  # not evaluated yet
                     continue
                 secs = [train_seconds(c) for c in group]
-                base = [load_eval(c, "clean") for c in group_of(cells, t, p, BASELINE)]
+                base = [load_eval(c, "clean") for c in baseline_of(args, budget, t, p)]
                 rows.append({**row_id(args, budget, t, p, a),
                              "success": success_text(pool, len(group)), **pool, **versus_full(evals, base, a),
                              "coverage": f"{pool['mean_max_coverage']:.3f}" if "mean_max_coverage" in pool else "",
@@ -161,7 +167,7 @@ def report_data_efficiency(args, budget):
         evals = [load_eval(c, "clean") for c in group]
         pool = pooled(evals)
         if pool is not None:
-            base = [load_eval(c, "clean") for c in groups.get((t, n, BASELINE), [])]
+            base = [load_eval(c, "clean") for c in baseline_of(args, budget, t, budget["policies"][0], [f"train.max_episodes={n}"])]
             rows.append({**row_id(args, budget, t, budget["policies"][0], a), "demos": n,
                          "success": success_text(pool, len(group)), **pool, **versus_full(evals, base, a)})
 
@@ -224,7 +230,7 @@ def report_robustness(args, budget):
         cells = cells_for(args, t, budget)
         for p in budget["policies"]:
             for a in budget["attentions"]:
-                group, base = group_of(cells, t, p, a), group_of(cells, t, p, BASELINE)
+                group, base = group_of(cells, t, p, a), baseline_of(args, budget, t, p)
                 row = {**row_id(args, budget, t, p, a), "rates": {}, "counts": {}, "differences": {}}
                 for name in ["clean"] + [f"{kind}_{sev}" for kind, sev in CORRUPTED]:
                     evals = [load_eval(c, name) for c in group]
@@ -303,7 +309,7 @@ def report_resolution(args, budget):
         cells = cells_for(args, t, budget)
         for p in budget["policies"]:
             for a in budget["attentions"]:
-                group, base = group_of(cells, t, p, a), group_of(cells, t, p, BASELINE)
+                group, base = group_of(cells, t, p, a), baseline_of(args, budget, t, p)
                 for label, variant in resolution_variants(a):
                     row = {**row_id(args, budget, t, p, a, label), "rates": {}, "counts": {}}
                     for size in eval_sizes(args, t):

@@ -1,6 +1,7 @@
 """Each study end to end at a tiny size, plus the invariants of its measurements, and the engine
 (Hydra multirun launchers) that runs a study's jobs."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -68,6 +69,8 @@ def test_main_table_keeps_rows_of_earlier_runs_on_the_same_budget(tmp_path, tiny
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["attention"] for r in rows] == ["full", "lookhere"]
     assert "--attentions full" in rows[0]["command"] and "--attentions lookhere" in rows[1]["command"]
+    # the second command leaves full out, yet its row is compared to the full cells of the first
+    assert "diff_text" not in rows[0] and rows[1]["diff_text"].startswith(("+", "-"))
     table = (out / "table.md").read_text()
     assert table.count("Command: `") == 2 and "| pusht | bc | full | 2 |" in table
 
@@ -81,6 +84,9 @@ def test_evaluation_studies_keep_rows_of_other_encoders(study, tmp_path, tiny_ex
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {r["attention"] for r in rows} >= {"full", "lookhere"}
     assert all(r["steps"] == 2 for r in rows)
+    lookhere = next(r for r in rows if r["attention"] == "lookhere")
+    cell = lookhere["clean"] if study == "robustness" else lookhere[f"size{sorted(lookhere['rates'])[0]}"]
+    assert re.search(r"\([+-]\d+ \[", cell), cell  # its difference to the earlier run's full attention
     assert (out / "plot.png").stat().st_size > 1000  # the kept rows (str keys from JSON) plot too
 
 
