@@ -56,6 +56,7 @@ import torch
 from policies.vision.attention import AttentionConfig, attend
 from policies.vision.sparse import AttentionCache
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 IMPLS = (
     "full",
     "fibottention-dense",
@@ -114,7 +115,7 @@ def make_inputs(args, grid, device, seed=0):
     gen = torch.Generator().manual_seed(seed)
     n = grid[0] * grid[1] + (1 if args.cls else 0)
     shape = (args.batch, args.heads, n, args.head_dim)
-    q, k, v, g = (torch.randn(shape, generator=gen).to(device) for _ in range(4))
+    q, k, v, g = (torch.randn(shape, generator=gen).to(device=device, dtype=DTYPES[args.dtype]) for _ in range(4))
     for t in (q, k, v):
         t.requires_grad_(True)
     return q, k, v, g
@@ -161,19 +162,24 @@ def sample(fn, iters, device):
 def time_size(args, grid, device, impls):
     tensors = make_inputs(args, grid, device)
     fns = {impl: runner(impl, args, grid, tensors) for impl in impls}
-    iters = {}
+    iters, failed = {}, {}
     for impl, (fwd, fwdbwd) in fns.items():  # warm-up: caches, allocator, inner-loop sizing
-        for name, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
-            fn()
-            wall, _ = sample(fn, 1, device)
-            iters[impl, name] = max(1, min(1000, math.ceil(args.min_time * 1e3 / max(wall, 1e-3))))
+        try:
+            for name, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+                fn()
+                wall, _ = sample(fn, 1, device)
+                iters[impl, name] = max(1, min(1000, math.ceil(args.min_time * 1e3 / max(wall, 1e-3))))
+        except (RuntimeError, ValueError, NotImplementedError) as err:  # e.g. a kernel without this dtype or device
+            failed[impl] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            print(f"{impl} N={tensors[0].shape[2]}: skipped, {failed[impl]}", flush=True)
+    fns = {impl: fn for impl, fn in fns.items() if impl not in failed}
     samples = {key: [] for key in iters}
     for _ in range(args.repeats):
         for impl, (fwd, fwdbwd) in fns.items():
             for name, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
                 samples[impl, name].append(sample(fn, iters[impl, name], device))
-    rows = []
-    for impl in impls:
+    rows = [{"impl": impl, "N": tensors[0].shape[2], "grid": f"{grid[0]}x{grid[1]}", "error": failed[impl]} for impl in failed]
+    for impl in fns:
         row = {"impl": impl, "N": tensors[0].shape[2], "grid": f"{grid[0]}x{grid[1]}"}
         for name in ("fwd", "fwdbwd"):
             s = samples[impl, name]
@@ -238,7 +244,7 @@ def memory_in_subprocess(args, grid, device, impl) -> dict | None:
     cmd = [
         sys.executable, "-m", "benchmarks.attention", "--_memory-child", impl,
         "--sizes", f"{grid[0]}x{grid[1]}", "--device", str(device), "--threads", str(args.threads),
-        "--batch", str(args.batch), "--heads", str(args.heads), "--head-dim", str(args.head_dim),
+        "--batch", str(args.batch), "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--dtype", args.dtype,
     ] + (["--cls"] if args.cls else [])
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
@@ -279,6 +285,9 @@ def ratio_table(rows) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['impl']} | {r['N']} ({r['grid']}) | skipped: {r['error']} |" + " |" * 10)
+            continue
         full = by.get(("full", r["N"]), {})
         dense = by.get((dense_of.get(r["impl"], ""), r["N"]), {})
         sp = (ratio(full.get("fwdbwd_ms"), r["fwdbwd_ms"]), ratio(full.get("fwdbwd_cpu_ms"), r["fwdbwd_cpu_ms"]))
@@ -306,6 +315,7 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--cls", action="store_true", help="add one CLS token (N = grid + 1)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="of q, k, v (and so of the bias)")
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--json", help="write results to this JSON file")
@@ -335,7 +345,7 @@ def main(argv=None) -> int:
         "batch": args.batch,
         "heads": args.heads,
         "head_dim": args.head_dim,
-        "dtype": "float32",
+        "dtype": args.dtype,
         "cls": bool(args.cls),
         "repeats": args.repeats,
         "min_time_s": args.min_time,
@@ -351,9 +361,12 @@ def main(argv=None) -> int:
     for grid in grids:
         t0 = time.time()
         rows = time_size(args, grid, device, impls)
-        mandatory_mb = 4 * args.batch * args.heads * rows[0]["N"] * args.head_dim * 4 / 2**20
+        mandatory_mb = 4 * args.batch * args.heads * rows[0]["N"] * args.head_dim * DTYPES[args.dtype].itemsize / 2**20
         for row in rows:
             row["visible"] = visible_fraction(row["impl"], args.heads, grid, args.cls)
+            if "error" in row:
+                results.append(row)
+                continue
             if not args.no_memory:
                 row.update(memory_in_subprocess(args, grid, device, row["impl"]) or {})
                 if "peak_mb" in row:

@@ -19,6 +19,7 @@ Writes ``<out>/<name>.json`` and ``<out>/<name>.md`` and prints the Markdown tab
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -67,8 +68,11 @@ def sync(device):
 class Bench:
     """One policy's timing state; ``train_step`` / ``latency_call`` time one unit of work each."""
 
-    def __init__(self, policy, pc, batch_size: int, device):
+    def __init__(self, policy, pc, batch_size: int, device, precision: str = "fp32", compile: bool = False):
         self.policy, self.pc, self.device = policy, pc, device
+        # what train.precision=bf16 and train.compile=true do in core/training.py: autocast, a compiled loss
+        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
+        self.loss_fn = torch.compile(policy.compute_loss) if compile else policy.compute_loss
         self.opt = torch.optim.AdamW(policy.parameters(), lr=1e-4, weight_decay=1e-4)
         self.batch = fake_batch(pc, batch_size, device)
         self.obs = fake_batch(pc, 1, device, with_action=False)
@@ -83,7 +87,8 @@ class Bench:
         return time.perf_counter() - t
 
     def _step(self):
-        loss, _ = self.policy.compute_loss(self.batch)
+        with self.autocast():
+            loss, _ = self.loss_fn(self.batch)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -130,7 +135,8 @@ def cpu_model() -> str:
 def to_markdown(rows: list[dict], meta: dict) -> str:
     lines = [
         f"Policy speed on {meta['device']} ({meta['device_model']}), torch {meta['torch']}, "
-        f"intra-op threads {meta['threads']}, train batch {meta['batch_size']}, latency batch 1 "
+        f"intra-op threads {meta['threads']}, train batch {meta['batch_size']} ({meta.get('precision', 'fp32')}"
+        f"{', compiled loss' if meta.get('compile') else ''}), latency batch 1 "
         f"(a fresh `predict_action_chunk` per call). Load average before/after: "
         f"{meta['loadavg_before']} / {meta['loadavg_after']}.",
         "",
@@ -165,6 +171,8 @@ def main(argv=None) -> None:
     ap.add_argument("--recipe", default="none", help="configs/recipe/ entry the policies are built with (none: defaults)")
     ap.add_argument("--out", default="results/policy_speed")
     ap.add_argument("--name", default=None, help="file stem (default: the device type)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: the training step under autocast")
+    ap.add_argument("--compile", action="store_true", help="the training loss under torch.compile (as train.compile=true)")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -175,6 +183,8 @@ def main(argv=None) -> None:
         "threads": args.threads,
         "cpu_count": os.cpu_count(),
         "batch_size": args.batch_size,
+        "precision": args.precision,
+        "compile": args.compile,
         "warmup": args.warmup,
         "rounds": args.rounds,
         "latency_calls": args.latency_calls,
@@ -199,7 +209,7 @@ def main(argv=None) -> None:
                 "params_M": sum(p.numel() for p in policy.parameters()) / 1e6,
                 "input_shapes": pc.input_shapes, "crop_size": pc.crop_size,
             }
-            bench = Bench(policy, pc, args.batch_size, device)
+            bench = Bench(policy, pc, args.batch_size, device, args.precision, args.compile)
             for _ in range(args.warmup):
                 bench.train_step(record=False)
                 bench.latency_call(record=False)
