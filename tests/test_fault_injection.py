@@ -6,11 +6,13 @@ import os
 import random
 import shutil
 import signal
+import threading
 import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from tqdm import tqdm
 
 from core.training import train
 from policies.checkpoint import CHECKPOINT_FILES, is_complete, load_training_state, newest_checkpoint
@@ -22,6 +24,11 @@ EXTRA = [f"train.steps={STEPS}", "train.checkpoint_every=1", "train.val_every=4"
 
 
 def _train(tmp, data, extra):
+    # tqdm's default lock is a multiprocessing lock that forked children share with this process: a
+    # child SIGKILLed while it holds it (any progress bar's creation or update takes it) would leave
+    # it held for good, and the next child, then the next progress bar of the whole test session,
+    # would wait on it forever. A thread lock is the child's own.
+    tqdm.set_lock(threading.RLock())
     torch.set_num_threads(1)
     train(tiny_train_cfg(tmp, data, policy="bc", extra=EXTRA + list(extra)))
 
@@ -31,6 +38,16 @@ def _in_child(target, *args) -> mp.Process:
     proc = mp.get_context("fork").Process(target=target, args=args, daemon=True)
     proc.start()
     return proc
+
+
+def _wait_for_checkpoints(ckpts, count: int, proc, limit: float = 120.0) -> None:
+    """Until the run in ``proc`` has written ``count`` step checkpoints (or ended): the kill that
+    follows then lands mid-run however fast or loaded the machine is, which a fixed delay does not."""
+    deadline = time.perf_counter() + limit
+    while count and proc.is_alive() and time.perf_counter() < deadline:
+        if ckpts.exists() and sum(p.name.startswith("step_") for p in ckpts.iterdir()) >= count:
+            return
+        time.sleep(0.005)
 
 
 def _weights(ckpt) -> dict:
@@ -51,20 +68,23 @@ def _check_after_kill(ckpts):
 def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_pusht_zarr):
     ref_dir = tmp_path / "reference"
     proc = _in_child(_train, ref_dir, tiny_pusht_zarr, [])
-    t0 = time.perf_counter()
     proc.join(120)
-    duration = time.perf_counter() - t0
     assert proc.exitcode == 0
     reference = _weights(ref_dir / "run" / "checkpoints" / "last")
+    written = [c.stat().st_mtime for c in sorted((ref_dir / "run" / "checkpoints").glob("step_*"))]
+    step_time = (written[-1] - written[0]) / (len(written) - 1)  # one step and its checkpoint, start-up left out
     rng = random.Random(0)
     killed_during_write, resumed = 0, 0
     for trial in range(TRIALS):
         tmp = tmp_path / f"t{trial}"
+        ckpts = tmp / "run" / "checkpoints"
         proc = _in_child(_train, tmp, tiny_pusht_zarr, [])
-        time.sleep(rng.uniform(0.0, 0.9 * duration))  # anywhere from start-up to the last checkpoint
+        # anywhere from start-up to the last checkpoint: after a random number of checkpoints, a
+        # random part of one step's time later (in a step or in a checkpoint write)
+        _wait_for_checkpoints(ckpts, rng.randrange(STEPS), proc)
+        time.sleep(rng.uniform(0.0, step_time))
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(30)
-        ckpts = tmp / "run" / "checkpoints"
         killed_during_write += bool(ckpts.exists() and any(p.name.startswith(".") for p in ckpts.iterdir()))
         _check_after_kill(ckpts)
         newest = newest_checkpoint(ckpts)
