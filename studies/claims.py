@@ -39,7 +39,9 @@ def _counts(row: dict) -> list[list[int]]:
 def _rows(results: Path, study: str, task: str, policy: str) -> list[dict]:
     path = results / study / "results.json"
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
-    return [r for r in rows if r.get("task") == task and r.get("policy") == policy and not r.get("extra")]
+    # the recipe's own cells: no extra overrides, save the training length (a column of its own)
+    return [r for r in rows if r.get("task") == task and r.get("policy") == policy
+            and not [o for o in (r.get("extra") or "").split() if not o.startswith("train.steps=")]]
 
 
 def _best(rows: list[dict], **match) -> dict | None:
