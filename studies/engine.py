@@ -96,8 +96,14 @@ def launch(jobs: list[dict], *, stage: str, study: str, launcher: str = "joblib"
         return []
     if launcher not in LAUNCHERS:
         raise ValueError(f"--launcher {launcher!r} is unknown; choose one of {', '.join(LAUNCHERS)}")
-    sweep = (common.CELLS / ".sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}_{study}_{stage}_{os.getpid()}").resolve()
-    (sweep / "status").mkdir(parents=True, exist_ok=False)
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}_{study}_{stage}_{os.getpid()}"
+    for k in range(1000):  # two sweeps of one process within the same second get directories of their own
+        sweep = (common.CELLS / ".sweeps" / (name if k == 0 else f"{name}_{k}")).resolve()
+        try:
+            (sweep / "status").mkdir(parents=True, exist_ok=False)
+            break
+        except FileExistsError:
+            continue
     manifest = sweep / "jobs.json"
     manifest.write_text(json.dumps({"study": study, "stage": stage, "results": str(common.RESULTS.resolve()),
                                     "threads": threads, "jobs": jobs}, indent=1))
