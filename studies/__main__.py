@@ -243,7 +243,7 @@ def report_robustness(args, budget):
                             row["differences"][name] = {k: diff[k] for k in ("diff", "diff_ci95", "verdict")}
                 if "clean" in row["rates"]:
                     rows.append(row)
-    cols = [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("clean", "clean")]
+    cols = [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("extra", "extra overrides"), ("clean", "clean")]
     cols += [(f"{k}_{s}", f"{k} {s}") for k in CORRUPTIONS for s in (1, 2, 3) if any(f"{k}_{s}" in r for r in rows)]
 
     def plot(plt, rows):
@@ -252,7 +252,7 @@ def report_robustness(args, budget):
             for r in rows:
                 sevs = [0] + [s for s in (1, 2, 3) if f"{kind}_{s}" in r["rates"]]  # partial results: what has run
                 ax.plot(sevs, [r["rates"]["clean"]] + [r["rates"][f"{kind}_{s}"] for s in sevs[1:]], marker="o",
-                        label=f"{r['task']} {r['policy']} {r['attention']}")
+                        label=f"{r['task']} {r['policy']} {r['attention']} {r.get('extra', '')}".strip())
             ax.set_title(kind, fontsize=9)
             ax.set_xlabel("severity")
             ax.set_ylim(0, 1.05)
@@ -323,7 +323,7 @@ def report_resolution(args, budget):
                         rows.append(row)
     # every task's sizes: rows of other tasks kept from earlier runs fill their own columns
     sizes = sorted({s for t in EVAL_SIZES for s in EVAL_SIZES[t]})
-    cols = [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("steps", "steps")]
+    cols = [("task", "task"), ("policy", "policy"), ("attention", "attention"), ("steps", "steps"), ("extra", "extra overrides")]
     cols += [(f"size{s}", f"{s} px") for s in sizes]
 
     def plot(plt, rows):

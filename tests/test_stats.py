@@ -62,3 +62,24 @@ def test_the_claims_table_compares_each_method_with_full_attention_and_keeps_the
     md = (tmp_path / "claims.md").read_text()
     assert md.startswith("# Claims\n\nprose before") and md.rstrip().endswith("prose after") and "old table" not in md
     assert md.count(BEGIN) == 1 and "| More robust to corruptions (Fibottention) |" in md
+
+
+def test_the_per_image_table_compares_the_fix_with_both_baselines_and_its_own_encoder(tmp_path):
+    from studies.claims import FIX_BEGIN, PER_IMAGE, main
+
+    def row(a, extra, clean, bright):
+        return {"task": "lift", "policy": "bc", "attention": a, "extra": extra,
+                "counts": {"clean": [[clean, 50]] * 3, "brightness_1": [[bright, 30]] * 3}}
+    _write(tmp_path, "robustness", [row("full", "", 50, 30), row("fibottention", "", 50, 3),
+                                    row("fibottention", f"{PER_IMAGE} train.steps=4000", 45, 27),
+                                    row("full", PER_IMAGE, 50, 30), row("fibottention", "attention.foo=1", 0, 0)])
+    (tmp_path / "claims.md").write_text("# Claims\n")
+    main(["--results", str(tmp_path)])
+    fixed = json.loads((tmp_path / "claims.json").read_text())["per_image"]
+    fib = {r["condition"]: r for r in fixed if r["encoder"] == "Fibottention"}
+    assert fib["brightness 1"]["success"].startswith("90% [") and fib["brightness 1"]["seeds"] == 3
+    assert fib["brightness 1"]["itself without"].startswith("+80 [")  # 27/30 against 3/30
+    assert fib["clean"]["full attention"].startswith("-10 [") and fib["clean"]["full attention, per-image"].startswith("-10 [")
+    full = {r["condition"]: r for r in fixed if r["encoder"] == "full"}
+    assert full["clean"]["full attention, per-image"] == "—" and full["clean"]["itself without"].startswith("+0 [")
+    assert (tmp_path / "claims.md").read_text().count(FIX_BEGIN) == 1
