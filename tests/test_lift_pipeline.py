@@ -54,3 +54,22 @@ def test_can_generate_train_step_and_rollout(tmp_path, tmp_path_factory):
     dataset = _two_demos(tmp_path_factory, "can")
     assert describe(dataset)["env_name"] == "PickPlaceCan"
     _train_and_roll_out(tmp_path, "can", dataset, "bc")
+
+
+def test_action_shift_sees_no_change_without_a_corruption_and_reads_the_rollouts(tmp_path, two_demo_lift):
+    from studies.action_shift import correlations, measure, spearman
+
+    overrides = ["task=lift", "policy=bc", "attention=fibottention", "recipe=none", f"task.dataset.path={two_demo_lift}",
+                 f"run_dir={tmp_path / 'run'}", "train.steps=1", "train.batch_size=4", "train.warmup_steps=1",
+                 "train.val_fraction=0.5", "train.checkpoint_every=1", *TINY_POLICY]
+    train(compose(overrides))
+    run = tmp_path / "run"
+    same = measure(run, 6, "brightness", 0)
+    assert same["action_change"] == same["action_bias"] == same["gripper_flips"] == same["feature_change"] == 0.0
+    assert same["action_error"]["clean"] == same["action_error"]["corrupted"] > 0 and same["rollout_success"] is None
+    (run / "evals").mkdir()
+    (run / "evals" / "contrast_2.json").write_text(json.dumps({"success_rate": 0.4}))
+    moved = measure(run, 6, "contrast", 2)
+    assert moved["action_change"] > 0 and moved["feature_change"] > 0 and moved["rollout_success"] == 0.4
+    assert spearman([1, 2, 3, 4], [8, 6, 4, 2]) == pytest.approx(-1.0) and spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.866, abs=1e-3)
+    assert correlations([moved, moved]) == {}  # fewer than 3 checkpoints with rollouts: no correlation

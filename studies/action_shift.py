@@ -1,0 +1,152 @@
+"""Does a corruption move the policy's actions, and does that predict the rollouts? Measured on dataset windows.
+
+    python -m studies.action_shift CKPT_A CKPT_B ... [--frames 96] [--corruption brightness:1] [--json OUT]
+
+``studies.feature_shift`` measures how far one camera's encoder output moves; a feature can move
+in directions the action head ignores. This runs the whole policy (every camera, the observation
+history To, the head) on ``--frames`` dataset windows, clean and with every image corrupted, and
+compares the first action the policy would execute (index To-1 of the chunk) with the
+demonstrator's:
+
+- ``action_error``: mean ||a - a_demo|| over windows, clean and corrupted (on Lift and Can the arm's
+  dimensions, i.e. every dimension but the last, the gripper);
+- ``action_change``: mean ||a' - a|| (arm), and ``action_bias``: the norm of its mean over windows
+  (a drift that every state shares, which a closed loop accumulates where scattered errors cancel);
+- ``gripper_flips`` (Lift, Can): the share of windows where the gripper command changes sign under the corruption;
+- ``feature_change``: the first camera encoder's relative output change (as ``feature_shift``).
+
+Each checkpoint's rollout success under the same corruption is read from its study cell
+(``<cell>/evals/<kind>_<severity>.json``) when it exists, and a Spearman rank correlation of each
+measure with that success across the checkpoints says which measure predicts the rollouts.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core.config import TaskConfig, from_dict
+from datasets.factory import make_dataset
+from datasets.sampler import SequenceDataset
+from policies.checkpoint import load_policy, read_checkpoint_meta
+from policies.obs_encoder import crop_images
+from studies.corruptions import corrupt
+from studies.feature_shift import measure_all, relative_change, save
+
+ROBOSUITE_TASKS = ("lift", "can")  # their last action dimension is the gripper (open < 0 < closed)
+
+
+def windows(policy, meta, frames: int) -> dict[str, np.ndarray]:
+    """``frames`` evenly spaced training windows: {key: (F, To, ...)} and "action": (F, T, Da)."""
+    c = policy.config
+    data = make_dataset(from_dict(TaskConfig, meta["cfg"]["task"]), c.input_shapes)
+    seq = SequenceDataset(data, list(c.input_shapes), n_obs_steps=c.n_obs_steps, horizon=c.horizon,
+                          n_action_steps=c.n_action_steps)
+    items = [seq[int(i)] for i in np.linspace(0, len(seq) - 1, frames).astype(int)]
+    return {k: torch.stack([it[k] for it in items]).numpy() for k in items[0]}
+
+
+def corrupted(batch: dict[str, np.ndarray], image_keys: list[str], kind: str, severity: int) -> dict[str, np.ndarray]:
+    """Every image of every window corrupted, as the rollouts corrupt every camera image."""
+    out = dict(batch)
+    for k in image_keys:
+        imgs = batch[k]  # (F, To, H, W, C) uint8
+        out[k] = np.stack([corrupt(im, kind, severity) for im in imgs.reshape(-1, *imgs.shape[2:])]).reshape(imgs.shape)
+    return out
+
+
+@torch.no_grad()
+def first_actions(policy, batch: dict[str, np.ndarray]) -> torch.Tensor:
+    """The first action the policy would execute on each window: (F, Da), unnormalized."""
+    obs = {k: torch.from_numpy(batch[k]) for k in policy.config.input_shapes}
+    return policy.predict_action_chunk(obs)[:, 0]  # (F, Ta, Da) -> (F, Da)
+
+
+def rollout_success(checkpoint, kind: str, severity: int) -> float | None:
+    path = Path(checkpoint) / "evals" / f"{kind}_{severity}.json"
+    return json.loads(path.read_text())["success_rate"] if path.exists() else None
+
+
+def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
+    meta = read_checkpoint_meta(checkpoint)
+    policy = load_policy(checkpoint).eval()
+    torch.manual_seed(0)  # a GMM head samples; the same draws clean and corrupted
+    clean = windows(policy, meta, frames)
+    shifted = corrupted(clean, policy.config.image_keys, kind, severity)
+    demo = torch.from_numpy(clean["action"][:, policy.config.n_obs_steps - 1]).float()  # (F, Da): the demonstrator's "now"
+    a, b = first_actions(policy, clean), first_actions(policy, shifted)
+    enc = policy.obs_encoder
+    key = policy.config.image_keys[0]
+    to_x = lambda arr: torch.from_numpy(arr[:, -1]).permute(0, 3, 1, 2).float() / 255.0  # noqa: E731  (F, C, H, W), newest frame
+    crop = lambda x: crop_images(x, enc.crop_size_for(key, x.shape[-2]), random=False)  # noqa: E731
+    with torch.no_grad():
+        feature_change = relative_change(enc.vits[0](crop(to_x(clean[key]))), enc.vits[0](crop(to_x(shifted[key]))))
+    att = meta["policy_config"]["vit"]["attention"]
+    gripper = meta["cfg"]["task"]["name"] in ROBOSUITE_TASKS
+    arm = slice(None, -1) if gripper else slice(None)
+    return {"checkpoint": str(checkpoint), "attention": att["kind"], "windows": att.get("windows", "paper"),
+            "mask_mode": att.get("mask_mode", "additive"), "input_norm": meta["policy_config"]["vit"].get("input_norm", "fixed"),
+            "corruption": f"{kind}:{severity}", "frames": frames,
+            "action_error": {"clean": float((a - demo)[:, arm].norm(dim=1).mean()),
+                             "corrupted": float((b - demo)[:, arm].norm(dim=1).mean())},
+            "action_change": float((b - a)[:, arm].norm(dim=1).mean()),
+            "action_bias": float((b - a)[:, arm].mean(0).norm()),  # a drift every window shares: closed loop, it adds up
+            "gripper_flips": float((torch.sign(a[:, -1]) != torch.sign(b[:, -1])).float().mean()) if gripper else None,
+            "feature_change": feature_change, "rollout_success": rollout_success(checkpoint, kind, severity)}
+
+
+def spearman(x, y) -> float:
+    """Rank correlation (average ranks for ties)."""
+    def ranks(v):
+        v = np.asarray(v, float)
+        order = v.argsort()
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v))
+        for u in np.unique(v):  # ties share their mean rank
+            r[v == u] = r[v == u].mean()
+        return r
+    rx, ry = ranks(x), ranks(y)
+    return float(np.corrcoef(rx, ry)[0, 1]) if rx.std() and ry.std() else float("nan")
+
+
+def correlations(results: list[dict]) -> dict[str, float]:
+    """Spearman correlation of each measure with rollout success, over the checkpoints that have one."""
+    rows = [r for r in results if r["rollout_success"] is not None]
+    if len(rows) < 3:
+        return {}
+    success = [r["rollout_success"] for r in rows]
+    flips = [r["gripper_flips"] for r in rows]
+    return {"checkpoints": len(rows),
+            "action_error (corrupted)": spearman([r["action_error"]["corrupted"] for r in rows], success),
+            "action_error (corrupted / clean)": spearman([r["action_error"]["corrupted"] / r["action_error"]["clean"] for r in rows], success),
+            "action_change": spearman([r["action_change"] for r in rows], success),
+            "action_bias": spearman([r["action_bias"] for r in rows], success),
+            "gripper_flips": spearman(flips, success) if None not in flips else float("nan"),
+            "feature_change": spearman([r["feature_change"] for r in rows], success)}
+
+
+def main(argv=None):
+    args, results = measure_all(argv, "python -m studies.action_shift", __doc__, measure)
+    print(f"{'checkpoint':40s} {'arm error clean -> corrupted':>28s} {'change':>7s} {'bias':>6s} {'gripper':>8s} "
+          f"{'feature':>8s} {'rollout':>8s}")
+    for r in results:
+        e, s, g = r["action_error"], r["rollout_success"], r["gripper_flips"]
+        flips, rollout = ("" if g is None else f"{g:.2f}"), ("" if s is None else f"{s:.2f}")
+        print(f"{Path(r['checkpoint']).name[:40]:40s} {e['clean']:>13.3f} -> {e['corrupted']:<11.3f} {r['action_change']:>7.3f} "
+              f"{r['action_bias']:>6.3f} {flips:>8s} {r['feature_change']:>8.2f} {rollout:>8s}")
+    # dense rows (full attention, or a mask applied as logits x 0/1) against sparse ones is the split the
+    # rollouts show; the sparse checkpoints alone ask whether a measure also tells their seeds apart
+    sparse = [r for r in results if r["attention"] != "full" and r["mask_mode"] != "multiplicative"]
+    corr = {"all": correlations(results), "sparse rows only": correlations(sparse)}
+    for group, values in corr.items():
+        for name, rho in values.items():
+            if name != "checkpoints":
+                print(f"Spearman with rollout success, {group} ({values['checkpoints']} checkpoints), {name}: {rho:+.2f}")
+    save(args, {"checkpoints": results, "spearman_with_rollout_success": corr})
+    return results, corr
+
+
+if __name__ == "__main__":
+    main()
