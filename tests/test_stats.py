@@ -49,13 +49,17 @@ def test_the_claims_table_compares_each_method_with_full_attention_and_keeps_the
                               row("fibottention", [[50, 50]]),  # an older single-seed row: the 3-seed one is used
                               row("lookhere", [[25, 50]] * 3), row("fibottention:mask_mode=multiplicative", [[40, 50]])])
     _write(tmp_path, "robustness", [{**row("full", []), "counts": {"clean": [[50, 50]] * 3, "brightness_1": [[30, 30]] * 3}},
-                                    {**row("fibottention", []), "counts": {"clean": [[50, 50]] * 3, "brightness_1": [[3, 30]] * 3}}])
+                                    {**row("fibottention", []), "counts": {"clean": [[50, 50]] * 3, "brightness_1": [[3, 30]] * 3}},
+                                    {**row("bigbird", []), "counts": {"clean": [[50, 50]] * 3, "brightness_1": [[3, 30]] * 3}}])
     (tmp_path / "claims.md").write_text(f"# Claims\n\nprose before\n\n{BEGIN}\nold table\n{END}\n\nprose after\n")
     rows = {r["measurement"]: r for r in main(["--results", str(tmp_path)])}
     fib = rows["lift bc, clean, Fibottention − full"]
     assert fib["effect"].startswith("-2 [") and fib["verdict"] == "not resolved at this scale" and fib["seeds"] == "3 vs 3"
     assert rows["lift bc, clean, LookHere-90 − full"]["verdict"] == "contradicted"
     assert rows["lift bc, brightness 1, Fibottention − full"]["effect"].startswith("-90 [")
+    # the sparse baseline claims nothing: its verdict names the side of full attention, not a claim's fate
+    assert rows["lift bc, brightness 1, Fibottention − full"]["verdict"] == "contradicted"
+    assert rows["lift bc, brightness 1, BigBird − full"]["verdict"] == "worse than full attention"
     assert rows["lift bc, clean, Fibottention (robot windows) − full"]["effect"] == "not measured yet"
     sparsity = rows["lift bc, clean, Fibottention − the same with the public code's multiplicative mask"]
     assert sparsity["diff"] == pytest.approx(0.98 - 0.8) and sparsity["verdict"] == "supported on 1 seed (fewer than 3)"
