@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from studies.common import outcomes_from_counts
+from studies.common import outcomes_from_counts, seed_count
 from studies.stats import Estimate, bootstrap_difference, bootstrap_rate, verdict
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -50,12 +50,7 @@ def _rows(results: Path, study: str, task: str, policy: str, extra: str = "") ->
 def _best(rows: list[dict], **match) -> dict | None:
     """The row of ``match`` with the most seeds (the current measurement; older single-seed rows stay in the tables)."""
     found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-    return max(found, key=_seed_count, default=None)
-
-
-def _seed_count(row: dict) -> int:
-    """Seeds behind a row: its per-seed rates (main, data efficiency) or its first condition's counts (robustness, resolution)."""
-    return len(row.get("per_seed", [])) or len(next(iter(row.get("counts", {}).values()), []))
+    return max(found, key=seed_count, default=None)
 
 
 def _claim(claim: str, attention: str) -> str:

@@ -299,9 +299,19 @@ def merge_rows(old: list[dict], new: list[dict], keys: tuple[str, ...]) -> list[
 
     A key missing from a row reads as "" (rows written before that key existed had no extra overrides).
     """
-    redone = {tuple(r.get(k, "") for k in keys) for r in new}
+    redone = {tuple(r.get(k, "") for k in keys): r for r in new}
     kept = [r for r in old if tuple(r.get(k, "") for k in keys) not in redone]
+    for r in old:  # a part of a study (--seeds 1) reports its own seeds only: say so where it replaces more
+        again = redone.get(tuple(r.get(k, "") for k in keys))
+        if again is not None and seed_count(again) < seed_count(r):
+            print(f"note: the row {' '.join(str(again.get(k, '')) for k in keys if again.get(k, ''))} had {seed_count(r)} seeds "
+                  f"and now has this run's {seed_count(again)}; `python -m studies report ...` with every --seeds pools them again")
     return sorted(kept + new, key=lambda r: tuple(str(r.get(k, "")) for k in keys))
+
+
+def seed_count(row: dict) -> int:
+    """Seeds behind a row: its per-seed rates (main, data efficiency) or its first condition's counts (robustness, resolution)."""
+    return len(row.get("per_seed", [])) or len(next(iter(row.get("counts", {}).values()), []))
 
 
 def write_results(study: str, rows: list[dict], columns: list[tuple[str, str]], *, title: str, notes: str = "",

@@ -106,6 +106,16 @@ def test_merge_rows_keeps_other_recipes_and_reads_a_missing_key_as_empty():
     assert [(r.get("extra", ""), r["success_rate"]) for r in merged] == [("", 0.5), ("policy.prediction_type=sample", 0.9)]
 
 
+def test_merge_rows_says_when_a_part_of_a_study_replaces_a_row_of_more_seeds(capsys):
+    old = [{"task": "lift", "attention": "full", "per_seed": [0.7, 0.6, 0.8]},
+           {"task": "lift", "attention": "lookhere", "counts": {"clean": [[40, 50]]}}]
+    new = [{"task": "lift", "attention": "full", "per_seed": [0.6]}, {"task": "lift", "attention": "lookhere", "counts": {"clean": [[40, 50]] * 3}}]
+    merged = common.merge_rows(old, new, ("task", "attention"))
+    assert [common.seed_count(r) for r in merged] == [1, 3]
+    out = capsys.readouterr().out
+    assert "the row lift full had 3 seeds and now has this run's 1" in out and "lookhere" not in out
+
+
 @pytest.mark.parametrize("kind", CORRUPTIONS)
 def test_corruption_severity_zero_is_identity_and_higher_changes_more(kind):
     img = np.random.default_rng(0).integers(0, 256, (20, 24, 3)).astype(np.uint8)
