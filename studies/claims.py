@@ -22,7 +22,7 @@ from studies.stats import Estimate, bootstrap_difference, bootstrap_rate, verdic
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 FIX_BEGIN, FIX_END = "<!-- per-image:begin -->", "<!-- per-image:end -->"
-PER_IMAGE = "policy.vit.input_norm=per_image"  # the fix of claims.md's section 4
+PER_IMAGE = "policy.vit.input_norm=per_image"  # the fix of claims.md's section 5
 LABELS = {"full": "full", "fibottention": "Fibottention", "fibottention:windows=robot": "Fibottention (robot windows)",
           "fibottention:mask_mode=multiplicative": "Fibottention (multiplicative mask)", "lookhere": "LookHere-90",
           "lookhere:45": "LookHere-45", "bigbird": "BigBird"}
@@ -150,7 +150,9 @@ def per_image(results: Path, task: str, policy: str) -> list[dict]:
     for a in ["full", "fibottention"]:
         row = _best(fixed, attention=a)
         for name, counts in (row or {}).get("counts", {}).items():
-            against = {"full attention": _best(recipe, attention="full"), "itself without": _best(recipe, attention=a),
+            # full attention's "itself" is the first column, and its own per-image row the row itself
+            against = {"full attention": _best(recipe, attention="full"),
+                       "itself without": _best(recipe, attention=a) if a != "full" else None,
                        "full attention, per-image": _best(fixed, attention="full") if a != "full" else None}
             out.append({"encoder": LABELS[a], "condition": name.replace("_", " "), "seeds": len(counts),
                         "success": bootstrap_rate(outcomes_from_counts(counts)).fmt(),

@@ -85,5 +85,6 @@ def test_the_per_image_table_compares_the_fix_with_both_baselines_and_its_own_en
     assert fib["brightness 1"]["itself without"].startswith("+80 [")  # 27/30 against 3/30
     assert fib["clean"]["full attention"].startswith("-10 [") and fib["clean"]["full attention, per-image"].startswith("-10 [")
     full = {r["condition"]: r for r in fixed if r["encoder"] == "full"}
-    assert full["clean"]["full attention, per-image"] == "—" and full["clean"]["itself without"].startswith("+0 [")
+    assert full["clean"]["full attention, per-image"] == full["clean"]["itself without"] == "—"
+    assert full["clean"]["full attention"].startswith("+0 [")
     assert (tmp_path / "claims.md").read_text().count(FIX_BEGIN) == 1
