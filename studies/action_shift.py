@@ -61,6 +61,7 @@ def corrupted(batch: dict[str, np.ndarray], image_keys: list[str], kind: str, se
 def first_actions(policy, batch: dict[str, np.ndarray]) -> torch.Tensor:
     """The first action the policy would execute on each window: (F, Da), unnormalized."""
     obs = {k: torch.from_numpy(batch[k]) for k in policy.config.input_shapes}
+    torch.manual_seed(0)  # a GMM head or a diffusion policy samples: the same draws for clean and corrupted windows
     return policy.predict_action_chunk(obs)[:, 0]  # (F, Ta, Da) -> (F, Da)
 
 
@@ -72,7 +73,6 @@ def rollout_success(checkpoint, kind: str, severity: int) -> float | None:
 def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
     meta = read_checkpoint_meta(checkpoint)
     policy = load_policy(checkpoint).eval()
-    torch.manual_seed(0)  # a GMM head samples; the same draws clean and corrupted
     clean = windows(policy, meta, frames)
     shifted = corrupted(clean, policy.config.image_keys, kind, severity)
     demo = torch.from_numpy(clean["action"][:, policy.config.n_obs_steps - 1]).float()  # (F, Da): the demonstrator's "now"
