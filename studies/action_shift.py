@@ -1,6 +1,6 @@
 """Does a corruption move the policy's actions, and does that predict the rollouts? Measured on dataset windows.
 
-    python -m studies.action_shift CKPT_A CKPT_B ... [--frames 96] [--corruption brightness:1] [--json OUT]
+    python -m studies.action_shift CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
 
 ``studies.feature_shift`` measures how far one camera's encoder output moves; a feature can move
 in directions the action head ignores. This runs the whole policy (every camera, the observation

@@ -21,7 +21,7 @@ from core.config import TaskConfig, from_dict
 from datasets.factory import make_dataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
 from policies.obs_encoder import crop_images
-from studies.corruptions import corrupt
+from studies.corruptions import CORRUPTIONS, corrupt
 
 
 def relative_change(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -95,16 +95,31 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
             "input_norm": meta["policy_config"]["vit"].get("input_norm", "fixed"), "frames": frames, "corruption": f"{kind}:{severity}", "stages": rows}
 
 
+def corruption(text: str) -> tuple[str, int]:
+    """argparse type of ``KIND:SEVERITY`` (a corruption of ``studies.corruptions``, severity 0-3)."""
+    kind, _, severity = text.partition(":")
+    if kind not in CORRUPTIONS or severity not in ("0", "1", "2", "3"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not KIND:SEVERITY with KIND one of {', '.join(CORRUPTIONS)} "
+                                         "and SEVERITY 0-3 (e.g. contrast:2)")
+    return kind, int(severity)
+
+
 def measure_all(argv, prog: str, doc: str, measure) -> tuple[argparse.Namespace, list[dict]]:
-    """The command line both encoder analyses share: parse it and ``measure`` every checkpoint."""
+    """The command line the encoder analyses share: parse it and ``measure`` every checkpoint; a missing
+    or wrong checkpoint ends in one line."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     parser.add_argument("checkpoints", nargs="+")
     parser.add_argument("--frames", type=int, default=48)
-    parser.add_argument("--corruption", default="brightness:1", help="KIND:SEVERITY, e.g. contrast:2")
+    parser.add_argument("--corruption", type=corruption, default="brightness:1", help="KIND:SEVERITY, e.g. contrast:2")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    kind, severity = args.corruption.split(":")
-    return args, [measure(c, args.frames, kind, int(severity)) for c in args.checkpoints]
+    kind, severity = args.corruption
+    try:
+        results = [measure(c, args.frames, kind, severity) for c in args.checkpoints]
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        parser.error(" ".join(str(exc).split("\n")))
+    args.corruption = f"{kind}:{severity}"
+    return args, results
 
 
 def save(args, results: list[dict]) -> list[dict]:

@@ -393,3 +393,17 @@ def test_the_data_efficiency_study_runs_only_the_chosen_demonstration_counts(tmp
     with pytest.raises(SystemExit):
         studies_main(["data_efficiency", *TINY_ARGS, "--seeds", "0,x", "--results", str(tmp_path / "r"), *tiny_extra])
     assert "--seeds: '0,x' is not a comma-separated list of integers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["feature_shift", "shift_patching", "action_shift"])
+def test_the_encoder_analyses_end_a_bad_checkpoint_or_corruption_in_one_line(module, tmp_path, capsys):
+    import importlib
+
+    main = importlib.import_module(f"studies.{module}").main
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "missing")])
+    err = capsys.readouterr().err
+    assert "error: no checkpoint at" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--corruption", "bright"])
+    assert "'bright' is not KIND:SEVERITY" in capsys.readouterr().err
