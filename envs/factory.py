@@ -99,7 +99,13 @@ class WorkerEnv:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(child, task, kwargs), daemon=True)
         self.proc.start()
-        status, msg = self.conn.recv()
+        child.close()  # the worker's end lives in the worker only: if it dies, recv() ends instead of waiting forever
+        try:
+            status, msg = self.conn.recv()
+        except EOFError:
+            self.proc.join(timeout=10)
+            raise EnvError(f"environment worker exited before it was ready (exit code {self.proc.exitcode}); "
+                           "its error is above") from None
         if status != "ready":
             raise EnvError(f"environment worker failed to start:\n{msg}")
 
@@ -132,6 +138,10 @@ class EnvPool:
         if workers == 0:
             self.envs = [LocalEnv(task, kwargs)]
         else:
+            if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
+                # inside a joblib (loky) worker the process-wide start method is "loky", which a spawned
+                # child cannot set up: spawn's children inherit the parent's method by name
+                mp.set_start_method("spawn", force=True)
             ctx = mp.get_context("spawn")
             self.envs = [WorkerEnv(task, kwargs, ctx) for _ in range(workers)]
 

@@ -72,6 +72,19 @@ def test_rollout_with_worker_processes(tiny_checkpoint):
     assert all(e["steps"] == 4 for e in s["episodes"])
 
 
+def _rollout_in_a_joblib_worker(checkpoint):
+    return evaluation.evaluate_checkpoint(checkpoint, num_episodes=2, workers=1, max_steps=3, num_videos=0, progress=False)["episodes"]
+
+
+def test_rollout_workers_start_inside_a_joblib_loky_worker(tiny_checkpoint):
+    # a study's evaluations run two at a time in joblib's loky workers (`python -m studies ... --jobs 2`),
+    # whose process-wide start method "loky" a spawned environment worker cannot set up
+    from joblib import Parallel, delayed
+
+    runs = Parallel(n_jobs=2, backend="loky", timeout=240)(delayed(_rollout_in_a_joblib_worker)(tiny_checkpoint) for _ in range(2))
+    assert [[e["steps"] for e in r] for r in runs] == [[3, 3], [3, 3]]
+
+
 @pytest.mark.parametrize("args, message", [
     (["num_episodes=1"], "rollout.py: error: checkpoint= is required"),
     (["checkpoint=x", "episodes=3"], "Could not override 'episodes'"),
