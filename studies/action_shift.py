@@ -31,9 +31,8 @@ from core.config import TaskConfig, from_dict
 from datasets.factory import make_dataset
 from datasets.sampler import SequenceDataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
-from policies.obs_encoder import crop_images
 from studies.corruptions import corrupt
-from studies.feature_shift import measure_all, relative_change, save
+from studies.feature_shift import encoder_input, measure_all, relative_change, save
 
 ROBOSUITE_TASKS = ("lift", "can")  # their last action dimension is the gripper (open < 0 < closed)
 
@@ -79,10 +78,9 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
     a, b = first_actions(policy, clean), first_actions(policy, shifted)
     enc = policy.obs_encoder
     key = policy.config.image_keys[0]
-    to_x = lambda arr: torch.from_numpy(arr[:, -1]).permute(0, 3, 1, 2).float() / 255.0  # noqa: E731  (F, C, H, W), newest frame
-    crop = lambda x: crop_images(x, enc.crop_size_for(key, x.shape[-2]), random=False)  # noqa: E731
-    with torch.no_grad():
-        feature_change = relative_change(enc.vits[0](crop(to_x(clean[key]))), enc.vits[0](crop(to_x(shifted[key]))))
+    with torch.no_grad():  # the first camera's newest frame of each window: (F, H, W, C)
+        feature_change = relative_change(enc.vits[0](encoder_input(enc, key, clean[key][:, -1])),
+                                         enc.vits[0](encoder_input(enc, key, shifted[key][:, -1])))
     att = meta["policy_config"]["vit"]["attention"]
     gripper = meta["cfg"]["task"]["name"] in ROBOSUITE_TASKS
     arm = slice(None, -1) if gripper else slice(None)

@@ -149,11 +149,11 @@ def per_image(results: Path, task: str, policy: str) -> list[dict]:
     out = []
     for a in ["full", "fibottention"]:
         row = _best(fixed, attention=a)
+        # full attention's "itself" is the first column, and its own per-image row the row itself
+        against = {"full attention": _best(recipe, attention="full"),
+                   "itself without": _best(recipe, attention=a) if a != "full" else None,
+                   "full attention, per-image": _best(fixed, attention="full") if a != "full" else None}
         for name, counts in (row or {}).get("counts", {}).items():
-            # full attention's "itself" is the first column, and its own per-image row the row itself
-            against = {"full attention": _best(recipe, attention="full"),
-                       "itself without": _best(recipe, attention=a) if a != "full" else None,
-                       "full attention, per-image": _best(fixed, attention="full") if a != "full" else None}
             out.append({"encoder": LABELS[a], "condition": name.replace("_", " "), "seeds": len(counts),
                         "success": bootstrap_rate(outcomes_from_counts(counts)).fmt(),
                         **{k: compare(counts, r["counts"][name])["effect"] if r and name in r["counts"] else "—"

@@ -77,9 +77,13 @@ def frames_of(checkpoint, frames: int, kind: str, severity: int):
     clean = data.data[key][idx]  # (F, H, W, C) uint8
     shifted = np.stack([corrupt(im, kind, severity) for im in clean])
     enc = policy.obs_encoder
-    to_x = lambda a: crop_images(torch.from_numpy(a).permute(0, 3, 1, 2).float() / 255.0,  # noqa: E731
-                                 enc.crop_size_for(key, a.shape[1]), random=False)
-    return enc.vits[0], meta, to_x(clean), to_x(shifted)
+    return enc.vits[0], meta, encoder_input(enc, key, clean), encoder_input(enc, key, shifted)
+
+
+def encoder_input(enc, key: str, images: np.ndarray) -> torch.Tensor:
+    """uint8 camera frames (F, H, W, C) of ``key`` -> the ViT's input (F, C, crop, crop) in [0, 1], centre-cropped as at evaluation."""
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0  # (F, C, H, W)
+    return crop_images(x, enc.crop_size_for(key, images.shape[1]), random=False)
 
 
 def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
