@@ -168,9 +168,15 @@ class RolloutConfig(RolloutOptions):
     global_slope: Optional[float] = None  # LookHere's s_global
     w_max: Optional[int] = None  # Fibottention's widest window
     offset_grid: Optional[Any] = None  # Fibottention: "train" or [rows, cols]
+    # camera corruptions before the policy sees a frame: KIND:SEVERITY or a list of them, KIND one of
+    # gaussian_noise, blur, brightness, contrast and SEVERITY 1-3 (envs/corruptions.py)
+    corruption: Optional[Any] = None
 
     def __post_init__(self):
         super().__post_init__()
+        from envs.corruptions import parse_corruptions
+
+        parse_corruptions(self.corruption)  # refused here, before the checkpoint loads or an episode runs
         _at_least("", self, ("num_episodes", "image_size", "n_action_steps", "num_inference_steps", "max_steps"), 1)
         _at_least("", self, ("w_max",), 0)
         if self.offset_grid is not None and self.offset_grid != "train":

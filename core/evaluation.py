@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from envs.corruptions import corruption_tag, obs_corruptor, parse_corruptions
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
 from policies.base import get_policy_class
 from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
@@ -222,9 +223,10 @@ def default_out_dir(checkpoint: Path, seed: int, options: dict) -> Path:
 def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,
                         out_dir=None, device="cpu", num_videos: int = 3, image_size=None, obs_transform=None,
                         max_steps=None, global_slope=None, w_max=None, offset_grid=None, num_inference_steps=None,
-                        n_action_steps=None, progress=True, overwrite: bool = False) -> dict:
+                        n_action_steps=None, corruption=None, progress=True, overwrite: bool = False) -> dict:
     """Roll a checkpoint out; with ``out_dir``, write summary.json (and videos) there, never over
-    an earlier evaluation unless ``overwrite``."""
+    an earlier evaluation unless ``overwrite``. ``corruption``: [(kind, severity), ...] applied to
+    every camera image (``envs.corruptions``); the videos show what the policy saw."""
     ckpt = resolve_checkpoint(checkpoint)
     meta = read_checkpoint_meta(ckpt)
     if out_dir is not None and (Path(out_dir) / "summary.json").exists() and not overwrite:
@@ -257,12 +259,17 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
         overrides["vit"] = {**vit, "attention": {**attn, **attn_over}}
     policy = load_policy(ckpt, device=device, **overrides)
     task = from_dict(TaskConfig, meta["cfg"]["task"])
+    corruptions = parse_corruptions(corruption)
+    if corruptions:
+        if obs_transform is not None:
+            raise ValueError("give corruption= or obs_transform, not both")
+        obs_transform = obs_corruptor(corruptions, policy.config.image_keys)
     summary = evaluate(policy, task, num_episodes=num_episodes, seed=seed, workers=workers, image_size=image_size,
                        obs_transform=obs_transform, video_dir=Path(out_dir) / "videos" if out_dir and num_videos else None,
                        num_videos=num_videos, max_steps=max_steps, progress=progress)
     summary.update(checkpoint=str(ckpt), task=task.name, policy=meta["policy"],
                    attention=attn["kind"], attention_overrides=attn_over, seed_start=seed, image_size=image_size,
-                   n_action_steps=policy.config.n_action_steps)
+                   n_action_steps=policy.config.n_action_steps, corruption=corruption_tag(corruptions))
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -299,11 +306,13 @@ def run(cfg) -> dict:
     ckpt = resolve_checkpoint(cfg.checkpoint)
     options = dict(image_size=cfg.image_size, n_action_steps=cfg.n_action_steps, num_inference_steps=cfg.num_inference_steps,
                    global_slope=cfg.global_slope, w_max=cfg.w_max, offset_grid=cfg.offset_grid)
+    corruptions = parse_corruptions(cfg.corruption)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(ckpt, cfg.seed, {**options, "max_steps": cfg.max_steps,
-                                                                                      "n": cfg.num_episodes})
+                                                                                      "n": cfg.num_episodes,
+                                                                                      "corruption": corruption_tag(corruptions)})
     summary = evaluate_checkpoint(ckpt, num_episodes=cfg.num_episodes, seed=cfg.seed, workers=cfg.workers, out_dir=out_dir,
                                   device=pick_device(cfg.device), num_videos=cfg.num_videos, max_steps=cfg.max_steps,
-                                  overwrite=cfg.overwrite, **options)
+                                  overwrite=cfg.overwrite, corruption=corruptions, **options)
     print(format_summary(summary))
     print(f"summary: {out_dir / 'summary.json'}" + (f"  videos: {out_dir / 'videos'}" if cfg.num_videos else ""))
     return summary

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .normalize import Normalizer
-from .obs_encoder import ObsEncoder
+from .obs_encoder import ImageAugConfig, ObsEncoder
 from .vision.vit import ViTConfig
 
 
@@ -42,11 +42,14 @@ class PolicyConfig:
     inference_action_steps: ClassVar[bool] = True
     crop_size: int = 84
     share_vit: bool = False  # one ViT for all cameras, or one each
+    image_aug: ImageAugConfig = field(default_factory=ImageAugConfig)
     vit: ViTConfig = field(default_factory=ViTConfig)
 
     def __post_init__(self):
         if isinstance(self.vit, dict):
             self.vit = ViTConfig(**self.vit)
+        if isinstance(self.image_aug, dict):
+            self.image_aug = ImageAugConfig(**self.image_aug)
         self.input_shapes = {k: list(v) for k, v in self.input_shapes.items() if v is not None}
         for name in ("n_obs_steps", "horizon", "n_action_steps", "action_dim", "crop_size"):
             if getattr(self, name) < 1:

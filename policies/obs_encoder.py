@@ -1,8 +1,11 @@
 """Observations -> one conditioning vector: a ViT per camera (+ crop) and normalized low-dim."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+from torchvision.transforms import v2
 
 from .normalize import Normalizer
 from .vision.vit import ViT
@@ -25,6 +28,31 @@ def crop_images(x: torch.Tensor, size: int, random: bool) -> torch.Tensor:
     return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # (N, C, size, size)
 
 
+@dataclass
+class ImageAugConfig:
+    """Photometric augmentation of every camera image, per sample, in training only (lerobot's
+    ``image_transforms``). Off by default: the papers train without it. Each factor is drawn per
+    image from U(1 - x, 1 + x), as torchvision's ``ColorJitter`` does; 0 turns that jitter off."""
+
+    brightness: float = 0.0  # multiplies the image
+    contrast: float = 0.0  # scales the image about its mean grey
+
+    def __post_init__(self):
+        for name in ("brightness", "contrast"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"policy.image_aug.{name} must be in [0, 1), got {getattr(self, name)}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.brightness > 0 or self.contrast > 0
+
+
+def jitter_images(x: torch.Tensor, jitter: v2.ColorJitter) -> torch.Tensor:
+    """(N, C, H, W) in [0, 1] -> the same, each image with factors of its own (a batched call of
+    ``ColorJitter`` would draw one factor for the whole batch)."""
+    return torch.stack([jitter(img) for img in x])
+
+
 class ObsEncoder(nn.Module):
     def __init__(self, config, normalizer: Normalizer):
         super().__init__()
@@ -36,6 +64,8 @@ class ObsEncoder(nn.Module):
         n_vits = 1 if config.share_vit else len(self.image_keys)
         self.vits = nn.ModuleList(ViT(config.vit) for _ in range(n_vits))
         self.image_steps = config.image_obs_steps
+        aug = config.image_aug
+        self.jitter = v2.ColorJitter(brightness=aug.brightness or None, contrast=aug.contrast or None) if aug.enabled else None
         # conditioning size: the last image_steps frames of each camera + To steps of every low-dim key
         self.output_dim = (self.image_steps * len(self.image_keys) * config.vit.out_dim
                            + config.n_obs_steps * sum(config.input_shapes[k][0] for k in self.lowdim_keys))
@@ -53,6 +83,8 @@ class ObsEncoder(nn.Module):
             b, t = img.shape[:2]
             x = img.reshape(b * t, *img.shape[2:]).permute(0, 3, 1, 2).float() / 255.0  # (B*To, C, H, W)
             x = crop_images(x, self.crop_size_for(key, x.shape[-2]), random=self.training)
+            if self.training and self.jitter is not None:
+                x = jitter_images(x, self.jitter)
             vit = self.vits[0 if self.config.share_vit else i]
             feats.append(vit(x).reshape(b, -1))  # (B, To_img * out_dim)
         for key in self.lowdim_keys:

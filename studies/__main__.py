@@ -27,7 +27,7 @@ import torch
 
 from studies import common, engine
 from studies.common import BUDGETS, Cell, Evaluation, difference, fmt_rate, load_eval, pooled, train_seconds, write_results
-from studies.corruptions import CORRUPTIONS
+from envs.corruptions import CORRUPTIONS
 from studies.stats import bootstrap_mean_difference
 
 TRAIN_SIZE = {"pusht": 96, "lift": 84, "can": 84}

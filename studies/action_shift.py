@@ -31,7 +31,7 @@ from core.config import TaskConfig, from_dict
 from datasets.factory import make_dataset
 from datasets.sampler import SequenceDataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
-from studies.corruptions import corrupt
+from envs.corruptions import corrupt
 from studies.feature_shift import encoder_input, measure_all, relative_change, save
 
 ROBOSUITE_TASKS = ("lift", "can")  # their last action dimension is the gripper (open < 0 < closed)

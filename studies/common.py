@@ -209,11 +209,11 @@ class Evaluation:
                                     f"train it first (python -m studies <study> ... trains before it evaluates)")
         kwargs = dict(self.options)
         if self.corruption:
-            from studies.corruptions import obs_corruptor
+            from envs.corruptions import obs_corruptor
 
             shapes = read_checkpoint_meta(self.cell.run_dir)["policy_config"]["input_shapes"]
             kind, severity = self.corruption
-            kwargs["obs_transform"] = obs_corruptor(kind, int(severity), [k for k, s in shapes.items() if len(s) == 3])
+            kwargs["obs_transform"] = obs_corruptor([(kind, int(severity))], [k for k, s in shapes.items() if len(s) == 3])
         if self.train_window:
             kwargs["w_max"] = fib_train_window(self.cell)
         summary = evaluate_checkpoint(self.cell.run_dir, out_dir=None, num_videos=0, device=device, **kwargs)

@@ -21,7 +21,7 @@ from core.config import TaskConfig, from_dict
 from datasets.factory import make_dataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
 from policies.obs_encoder import crop_images
-from studies.corruptions import CORRUPTIONS, corrupt
+from envs.corruptions import CORRUPTIONS, corrupt
 
 
 def relative_change(a: torch.Tensor, b: torch.Tensor) -> float:

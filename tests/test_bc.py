@@ -158,3 +158,31 @@ def test_config_errors_name_the_field(field, value, message):
 def test_unknown_config_field_is_named():
     with pytest.raises(ValueError, match=r"policy 'bc' has no config fields \['heads'\]"):
         make_policy_config("bc", **TINY, heads="mlp")
+
+
+def test_photometric_augmentation_jitters_each_training_image_on_its_own():
+    import torch
+
+    from policies.obs_encoder import ImageAugConfig, jitter_images
+    from torchvision.transforms import v2
+
+    with pytest.raises(ValueError, match="policy.image_aug.brightness must be in"):
+        ImageAugConfig(brightness=1.5)
+    torch.manual_seed(0)
+    x = torch.full((6, 3, 4, 4), 0.5)
+    x[:, :, :2] = 0.25  # some contrast to scale
+    out = jitter_images(x, v2.ColorJitter(brightness=0.3, contrast=0.5))
+    means = out.mean(dim=(1, 2, 3))
+    assert out.shape == x.shape and not torch.equal(out, x)
+    assert len(set(means.tolist())) == 6  # a factor per image, not one for the batch
+    assert 0.375 * 0.7 - 1e-6 <= means.min() and means.max() <= 0.375 * 1.3 + 1e-6  # brightness x U(0.7, 1.3), contrast keeps the mean
+
+
+def test_the_encoder_jitters_in_training_only():
+    plain, jittered = tiny_bc(crop_size=32), tiny_bc(crop_size=32, image_aug=dict(brightness=0.3, contrast=0.5))
+    obs = obs_of(synthetic_batch())
+    for mode in ("eval", "train"):
+        getattr(plain.obs_encoder, mode)(), getattr(jittered.obs_encoder, mode)()
+        torch.manual_seed(1)
+        same = torch.equal(plain.obs_encoder(obs), jittered.obs_encoder(obs))
+        assert same == (mode == "eval")  # the same weights: only training sees jittered images

@@ -134,3 +134,37 @@ def test_rollout_cli_override_error_is_one_line(tiny_checkpoint):
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "rollout.py: error: global_slope= applies to lookhere attention, but this checkpoint uses 'fibottention'; drop global_slope="]
+
+
+def test_rollout_under_a_corruption_is_recorded_and_named(tiny_checkpoint, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint.parent.parent, run)
+    base = [f"checkpoint={run}", "num_episodes=1", "max_steps=3", "num_videos=0", "device=cpu"]
+    clean = _rollout(*base)
+    shifted = _rollout(*base, "corruption=[brightness:1,blur:2]")
+    assert clean["corruption"] is None and shifted["corruption"] == "brightness1+blur2"
+    written = json.loads((run / "eval" / "step_0000002_seed100000_corruptionbrightness1+blur2_max_steps3_n1"
+                          / "summary.json").read_text())
+    assert written["corruption"] == "brightness1+blur2"
+
+
+@pytest.mark.parametrize("bad", ["brightness", "brightness:4", "fog:1", "brightness:x"])
+def test_an_unknown_corruption_is_refused_before_anything_loads(bad, tmp_path):
+    from envs.corruptions import CorruptionError
+
+    with pytest.raises(CorruptionError, match="give KIND:SEVERITY"):
+        _rollout(f"checkpoint={tmp_path / 'no_such_run'}", f"corruption={bad}")
+
+
+def test_obs_corruptor_applies_every_corruption_to_every_camera_only():
+    import numpy as np
+
+    from envs.corruptions import corrupt, obs_corruptor
+
+    img = np.random.default_rng(0).integers(0, 200, (8, 8, 3), dtype=np.uint8)
+    obs = {"cam": img, "state": np.ones(2)}
+    out = obs_corruptor([("brightness", 1), ("contrast", 2)], ["cam"])(obs)
+    assert np.array_equal(out["cam"], corrupt(corrupt(img, "brightness", 1), "contrast", 2))
+    assert out["state"] is obs["state"] and np.array_equal(obs["cam"], img)  # the input is not changed

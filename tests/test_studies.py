@@ -9,7 +9,7 @@ import torch
 
 from studies import common
 from studies.__main__ import main as studies_main
-from studies.corruptions import CORRUPTIONS, corrupt
+from envs.corruptions import CORRUPTIONS, corrupt
 from studies.diversity import head_diversity, linear_cka
 
 # Hydra's basic launcher: the jobs of each stage one after another in one process (the quickest here)

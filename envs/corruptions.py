@@ -1,4 +1,4 @@
-"""Image corruptions for the robustness study (in the spirit of ImageNet-C), on uint8 HWC frames.
+"""Image corruptions (in the spirit of ImageNet-C) on uint8 HWC frames, for ``rollout.py corruption=``.
 
 Severity 0 returns the image unchanged; 1-3 grow the strength. Deterministic for a given rng.
 """
@@ -55,14 +55,43 @@ def _blur_axis(x: np.ndarray, k: np.ndarray, axis: int) -> np.ndarray:
     return sum(w * np.take(pad, np.arange(i, i + n), axis=axis) for i, w in enumerate(k))
 
 
-def obs_corruptor(kind: str, severity: int, image_keys: list[str], seed: int = 0):
-    """An ``obs -> obs`` function for ``rollout.evaluate`` corrupting every camera image."""
+SEVERITIES = (1, 2, 3)
+
+
+class CorruptionError(ValueError):
+    """A malformed ``corruption=`` value: the CLI prints it as one line."""
+
+
+def parse_corruptions(spec) -> list[tuple[str, int]]:
+    """``"brightness:1"`` or a list of them -> [("brightness", 1), ...]; None or [] -> []."""
+    items = [] if spec is None else [spec] if isinstance(spec, str) else list(spec)
+    out = []
+    for item in items:
+        if isinstance(item, (tuple, list)) and len(item) == 2:  # already parsed
+            item = f"{item[0]}:{item[1]}"
+        kind, sep, severity = str(item).partition(":")
+        if not sep or kind not in CORRUPTIONS or severity not in tuple(map(str, SEVERITIES)):
+            raise CorruptionError(f"corruption={item!r}: give KIND:SEVERITY with KIND one of {', '.join(CORRUPTIONS)} "
+                                  f"and SEVERITY 1, 2 or 3 (e.g. corruption=brightness:1)")
+        out.append((kind, int(severity)))
+    return out
+
+
+def corruption_tag(corruptions: list[tuple[str, int]]) -> str | None:
+    """[("brightness", 1), ("blur", 2)] -> "brightness1+blur2" (folder names, records); [] -> None."""
+    return "+".join(f"{kind}{severity}" for kind, severity in corruptions) or None
+
+
+def obs_corruptor(corruptions: list[tuple[str, int]], image_keys: list[str], seed: int = 0):
+    """An ``obs -> obs`` function for ``evaluate`` corrupting every camera image, the corruptions in
+    the order given. One generator for the whole evaluation, so noise differs from step to step."""
     rng = np.random.default_rng(seed)
 
     def transform(obs: dict) -> dict:
         out = dict(obs)
         for key in image_keys:
-            out[key] = corrupt(obs[key], kind, severity, rng)
+            for kind, severity in corruptions:
+                out[key] = corrupt(out[key], kind, severity, rng)
         return out
 
     return transform
