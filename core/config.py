@@ -37,8 +37,11 @@ def _at_least(owner: str, obj, names: tuple[str, ...], low: int) -> None:
 # --- task ---------------------------------------------------------------------------------------
 @dataclass
 class DatasetConfig:
-    format: str = MISSING  # pusht_zarr | robomimic_hdf5
+    format: Optional[str] = None  # pusht_zarr | robomimic_hdf5 | lerobot; null: told from the path
     path: str = MISSING
+    # LeRobotDataset features that feed the policy's inputs and actions (policy key -> feature name);
+    # a key not named here is read under its own name. Other formats use the policy's names.
+    features: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Summarize a dataset file of any format the package reads, and say whether training can use it.
 
-    python -m datasets.describe data/pusht/demos.zarr [--json]
+    python -m datasets.describe data/pusht/demos.zarr [--json]    (also a .hdf5 file or a LeRobotDataset root)
 
 Exit status 0 for a valid file, 1 for a file the readers would refuse (each reason is printed,
 with the message training would give), 2 for a path that cannot be read at all.
@@ -20,6 +20,10 @@ def describe(path) -> dict:
         from .zarr_replay import describe_pusht_zarr
 
         return describe_pusht_zarr(path)
+    if fmt == "lerobot":
+        from .lerobot import describe_lerobot
+
+        return describe_lerobot(path)
     from .robomimic_hdf5 import describe_robomimic_hdf5
 
     return describe_robomimic_hdf5(path)

@@ -5,10 +5,12 @@ from pathlib import Path
 
 from .episodes import EpisodeData
 
-FORMATS = ("pusht_zarr", "robomimic_hdf5")
+FORMATS = ("pusht_zarr", "robomimic_hdf5", "lerobot")
 
 
-def read_dataset(path, fmt: str | None = None, obs_keys: list[str] | None = None) -> EpisodeData:
+def read_dataset(path, fmt: str | None = None, obs_keys: list[str] | None = None,
+                 features: dict[str, str] | None = None) -> EpisodeData:
+    """``features`` (policy key -> feature name) is used by the lerobot format only."""
     fmt = fmt or guess_format(path)
     if fmt == "pusht_zarr":
         from .zarr_replay import read_pusht_zarr
@@ -18,6 +20,10 @@ def read_dataset(path, fmt: str | None = None, obs_keys: list[str] | None = None
         from .robomimic_hdf5 import read_robomimic_hdf5
 
         return read_robomimic_hdf5(path, obs_keys=obs_keys)
+    if fmt == "lerobot":
+        from .lerobot import read_lerobot
+
+        return read_lerobot(path, keys=obs_keys, features=features)
     raise ValueError(f"unknown dataset format {fmt!r}; known formats: {', '.join(FORMATS)}")
 
 
@@ -27,7 +33,11 @@ def guess_format(path) -> str:
         return "pusht_zarr"
     if p.suffix in (".hdf5", ".h5"):
         return "robomimic_hdf5"
-    raise ValueError(f"cannot tell the format of {p}: expected a .zarr directory or a .hdf5 file")
+    if (p / "meta" / "info.json").is_file():
+        return "lerobot"
+    raise ValueError(
+        f"cannot tell the format of {p}: expected a .zarr directory, a .hdf5 file or a LeRobotDataset root (holding meta/info.json)"
+    )
 
 
 def make_dataset(task, keys: list[str] | None = None, max_episodes: int | None = None) -> EpisodeData:
@@ -40,7 +50,7 @@ def make_dataset(task, keys: list[str] | None = None, max_episodes: int | None =
             f"python -m datasets.generate task={task.name} num_episodes=200 out={path}"
         )
     keys = list(task.input_shapes) if keys is None else list(keys)
-    data = read_dataset(path, task.dataset.format, obs_keys=keys)
+    data = read_dataset(path, task.dataset.format, obs_keys=keys, features=getattr(task.dataset, "features", None))
     missing = [k for k in keys + ["action"] if k not in data.data]
     if missing:
         raise ValueError(
