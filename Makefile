@@ -3,7 +3,12 @@ PY ?= python3
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-SYS_PKGS := libegl1 libgl1-mesa-dri libosmesa6
+SYS_PKGS := libegl1 libgl1-mesa-dri libosmesa6 ffmpeg
+# lerobot's reader/writer for tests/test_lerobot.py, without its dependencies (they would move numpy to 2.x
+# and pin huggingface-hub < 0.36): the pieces it imports, at versions that work with numpy 1.26; torchcodec
+# (its video backend) needs FFmpeg's shared libraries: the ffmpeg system package above.
+LEROBOT_CHECK := lerobot-dataset==0.4.4 datasets==4.1.1 "pandas>=2.2,<2.4" pytz deepdiff==8.6.2 orderly-set==5.5.0 \
+  jsonlines==4.0.0 attrs dill==0.4.0 multiprocess==0.70.16 xxhash torchcodec==0.17.0
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
@@ -11,7 +16,7 @@ export PYOPENGL_PLATFORM ?= egl
 
 setup: $(STAMP)
 
-# EGL through Mesa renders MuJoCo without a display or GPU.
+# EGL through Mesa renders MuJoCo without a display or GPU; FFmpeg's libraries serve torchcodec (tests only).
 sysdeps:
 	@missing=""; for p in $(SYS_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -29,6 +34,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q -U pip setuptools wheel
 	$(PYTHON) -m pip install -q -e '.[dev]'
+	$(PYTHON) -m pip install -q --no-deps $(LEROBOT_CHECK)
 	@touch $(STAMP)
 
 test: $(STAMP)

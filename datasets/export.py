@@ -32,7 +32,7 @@ CODECS = {"av1": "libsvtav1", "h264": "libx264"}  # PyAV's wheels carry both enc
 SVT_LOG_ERRORS = "1"
 SVTAV1_PRESET = "12"  # lerobot's default: the fastest preset
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)  # lerobot's stats.json carries q01 ... q99
-EPISODE_FILE = "meta/episodes/chunk-000/file-000.parquet"
+EPISODE_FILE = f"{EPISODES_DIR}/chunk-000/file-000.parquet"  # one file: our datasets are small
 
 
 @dataclass
@@ -99,7 +99,9 @@ def _stats(arr: np.ndarray) -> dict:
             sq += (block**2).sum(0)
         n = arr.size // c
         mean, std = mean / n, np.sqrt(np.maximum(sq / n - (mean / n) ** 2, 0.0))
-        to_chw = lambda v: np.asarray(v).reshape(c, 1, 1).tolist()  # noqa: E731  (C,) -> (C, 1, 1)
+        def to_chw(v):
+            return np.asarray(v).reshape(c, 1, 1).tolist()  # (C,) -> (C, 1, 1), lerobot's image stats shape
+
         return {"min": to_chw(lo), "max": to_chw(hi), "mean": to_chw(mean), "std": to_chw(std), "count": [len(arr)]}
     flat = arr.reshape(len(arr), -1).astype(np.float64)  # (T, D)
     out = {"min": flat.min(0), "max": flat.max(0), "mean": flat.mean(0), "std": flat.std(0)}
@@ -169,11 +171,13 @@ def _episode_table(data: EpisodeData, video_names: list[str], fps: int, task_tex
 
 
 def _tasks_table(task_text: str):
-    """meta/tasks.parquet as lerobot writes it (from pandas): the task strings are the frame's index."""
+    """meta/tasks.parquet as lerobot writes it (from pandas): the task strings are the table's index."""
     import pyarrow as pa
 
-    column = lambda name, field, kind: {"name": name, "field_name": field, "pandas_type": kind,  # noqa: E731
-                                        "numpy_type": "int64" if kind == "int64" else "object", "metadata": None}
+    def column(name, field, kind):
+        return {"name": name, "field_name": field, "pandas_type": kind,
+                "numpy_type": "int64" if kind == "int64" else "object", "metadata": None}
+
     pandas_meta = {
         "index_columns": ["__index_level_0__"],
         "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
@@ -188,10 +192,12 @@ def _tasks_table(task_text: str):
 def write_lerobot(out, data: EpisodeData, names: dict[str, str], *, fps: int, task_text: str, codec: str = "av1",
                   crf: int = 30, gop: int = 2, overwrite: bool = False) -> Path:
     """Write ``data`` (policy keys, renamed by ``names``) as a LeRobotDataset v3.0 root at ``out``."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     out = Path(out)
+    clash = sorted({n for n in names.values() if list(names.values()).count(n) > 1})
+    if clash:
+        raise ValueError(f"several keys would be written as feature(s) {clash}: give them distinct names in task.dataset.features")
     recover_output(out)
     if out.exists() and overwrite and not is_lerobot_root(out):
         raise FileExistsError(f"{out} exists and is not a LeRobot dataset (no {INFO_PATH}); refusing to replace it: choose another out=")
