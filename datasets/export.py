@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from fractions import Fraction
 from pathlib import Path
 from typing import Optional
@@ -271,8 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(ExportConfig), OmegaConf.from_dotlist(args))
     except OmegaConfBaseException as exc:
-        print(f"python -m datasets.export: error: {' '.join(str(exc).splitlines()[:1])} (options: {__doc__.splitlines()[2].strip()} ...)",
-              file=sys.stderr)
+        options = ", ".join(f.name for f in fields(ExportConfig))
+        print(f"python -m datasets.export: error: {str(exc).splitlines()[0]} (options: {options}; see ExportConfig "
+              f"in datasets/export.py)", file=sys.stderr)
         raise SystemExit(1) from None
     run_command("python -m datasets.export", run, cfg)
 

@@ -306,9 +306,9 @@ def test_train_on_dataset_written_by_ledataset(tmp_path):
         }}
         ds = LeRobotDataset.create("local/tiny", fps=10, features=features, root={str(root)!r}, use_videos=True)
         rng = np.random.default_rng(0)
-        for length in (8, 7, 9):
+        for episode, length in enumerate((8, 7, 9)):
             for t in range(length):
-                ds.add_frame({{"observation.image": np.full((96, 96, 3), 10 * t, np.uint8),
+                ds.add_frame({{"observation.image": np.full((96, 96, 3), 10 * t + 40 * episode, np.uint8),
                               "observation.state": rng.uniform(0, 512, 2).astype(np.float32),
                               "action": rng.uniform(0, 512, 2).astype(np.float32), "task": "push"}})
             ds.save_episode()
@@ -317,7 +317,9 @@ def test_train_on_dataset_written_by_ledataset(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     data = read_lerobot(root, ["image", "agent_pos"], PUSHT)
     np.testing.assert_array_equal(data.episode_ends, [8, 15, 24])
-    assert np.abs(data.data["image"][7].astype(int) - 70).mean() < MAX_MEAN_PIXEL_ERROR  # frame 7 of episode 0
+    grey = data.data["image"].reshape(len(data.data["image"]), -1).mean(1)  # (N,): frame t of episode e is 10 t + 40 e
+    want = np.r_[np.arange(8), np.arange(7) + 4, np.arange(9) + 8] * 10  # episodes 1 and 2 start 0.8 s / 1.5 s into the video
+    np.testing.assert_allclose(grey, want, atol=MAX_MEAN_PIXEL_ERROR)
     from core.training import train
 
     cfg = tiny_train_cfg(tmp_path, root, policy="bc", attention="full")
