@@ -161,8 +161,8 @@ def _decode_video(path: Path) -> tuple[np.ndarray, np.ndarray]:
             for frame in container.decode(stream):
                 times.append(float(frame.time))
                 frames.append(frame.to_ndarray(format="rgb24"))
-    except (av.error.FFmpegError, IndexError) as exc:
-        if not frames:
+    except (av.error.FFmpegError, IndexError) as exc:  # a cut file: keep the frames before the cut, so the
+        if not frames:  # caller names the first missing timestamp and episode
             raise ValueError(f"video {path} cannot be decoded ({exc}); the file is damaged: download or export it again") from exc
     if not frames:
         raise ValueError(f"video {path} holds no frames; the file is damaged: download or export it again")
