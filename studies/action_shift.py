@@ -16,7 +16,7 @@ demonstrator's:
 - ``feature_change``: the first camera encoder's relative output change (as ``feature_shift``).
 
 Each checkpoint's rollout success under the same corruption is read from its study cell
-(``<cell>/evals/<kind>_<severity>.json``) when it exists, and a Spearman rank correlation of each
+(``<run>/eval/<kind><severity>/summary.json``, the study's folder) when it exists, and a Spearman rank correlation of each
 measure with that success across the checkpoints says which measure predicts the rollouts.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def first_actions(policy, batch: dict[str, np.ndarray]) -> torch.Tensor:
 
 
 def rollout_success(checkpoint, kind: str, severity: int) -> float | None:
-    path = Path(checkpoint) / "evals" / f"{kind}_{severity}.json"
+    path = Path(checkpoint) / "eval" / f"{kind}{severity}" / "summary.json"
     return json.loads(path.read_text())["success_rate"] if path.exists() else None
 
 
@@ -96,17 +96,10 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
 
 
 def spearman(x, y) -> float:
-    """Rank correlation (average ranks for ties)."""
-    def ranks(v):
-        v = np.asarray(v, float)
-        order = v.argsort()
-        r = np.empty(len(v))
-        r[order] = np.arange(len(v))
-        for u in np.unique(v):  # ties share their mean rank
-            r[v == u] = r[v == u].mean()
-        return r
-    rx, ry = ranks(x), ranks(y)
-    return float(np.corrcoef(rx, ry)[0, 1]) if rx.std() and ry.std() else float("nan")
+    """Rank correlation (average ranks for ties); nan when either side is constant."""
+    from scipy.stats import spearmanr
+
+    return float("nan") if len(set(x)) < 2 or len(set(y)) < 2 else float(spearmanr(x, y).statistic)
 
 
 def correlations(results: list[dict]) -> dict[str, float]:

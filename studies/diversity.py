@@ -1,5 +1,7 @@
 """Head diversity: how different are the heads of an encoder (both papers argue diverse heads help)?
 
+    python -m studies.diversity CKPT_A CKPT_B ... [--frames 32] [--json OUT]
+
 Score per layer = 1 - mean pairwise linear CKA between the heads' outputs on a batch of
 observations (features: every token of every image). Identical heads give CKA 1, so the
 degenerate value is a diversity of 0; orthogonal representations approach 1.
@@ -9,7 +11,6 @@ from __future__ import annotations
 import math
 
 import torch
-
 
 
 def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -64,3 +65,26 @@ def attention_maps(vit, image: torch.Tensor) -> torch.Tensor:
         query = 0 if prefix else (grid[0] // 2) * grid[1] + grid[1] // 2
         maps.append(weights[:, query, prefix:].reshape(-1, *grid))  # (heads, gh, gw)
     return torch.stack(maps)
+
+
+def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
+    """A checkpoint's first camera encoder on ``frames`` clean dataset frames (the corruption is not used)."""
+    from studies.feature_shift import frames_of
+
+    vit, meta, clean, _ = frames_of(checkpoint, frames, kind, severity)
+    layers = encoder_diversity(vit, clean)
+    return {"checkpoint": str(checkpoint), "attention": meta["policy_config"]["vit"]["attention"]["kind"],
+            "diversity": sum(l["diversity"] for l in layers) / len(layers), "layers": [l["diversity"] for l in layers]}
+
+
+def main(argv=None):
+    from studies.feature_shift import measure_all, save
+
+    args, results = measure_all(argv, "python -m studies.diversity", __doc__, measure)
+    for r in results:
+        print(f"{r['checkpoint']}: {r['attention']} diversity {r['diversity']:.3f} (per layer {', '.join(f'{d:.3f}' for d in r['layers'])})")
+    return save(args, results)
+
+
+if __name__ == "__main__":
+    main()
