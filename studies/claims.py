@@ -2,15 +2,11 @@
 
     python -m studies.claims [--results results] [--task lift] [--policy bc]
 
-For each ``results/<study>/records.jsonl`` it writes ``results/<study>/table.md``: one row per
-training recipe and condition, pooled over seeds (mean of each seed's success rate, 95% interval
-from a bootstrap over seeds, then over each seed's episodes: ``studies.stats``), and its
-difference to full attention's row of the same task, policy, steps, overrides (less the attention
-settings) and condition (less inference-time attention changes such as ``global_slope=0.75``).
-Then the claims table of ``results/claims.md`` (between its markers; the prose around it is
-written by hand) and ``results/claims.json``. Verdicts: ``supported`` (the interval excludes 0 on
-the claimed side), ``contradicted`` (on the other), ``not resolved at this scale``. It reads
-records only, so it gives the same files on every machine, and running it twice changes nothing.
+Writes ``results/<study>/table.md`` for every ``records.jsonl`` (rows pooled over seeds, each compared
+with full attention: ``baseline_row``), the claims table between the markers of ``results/claims.md``
+(the prose around it is written by hand) and ``results/claims.json``. It reads records only: the same
+files on every machine, and a second run changes nothing. Verdicts: ``supported`` (the interval
+excludes 0 on the claimed side), ``contradicted`` (on the other), ``not resolved at this scale``.
 """
 from __future__ import annotations
 
@@ -62,16 +58,12 @@ def rows_of(records: list[Record]) -> dict[tuple, list[Record]]:
     return dict(out)
 
 
-def attention_part(extra: str) -> tuple[str, str]:
-    """``extra`` -> (its attention settings, the rest)."""
-    words = extra.split()
-    return " ".join(w for w in words if w.startswith("attention.")), " ".join(w for w in words if not w.startswith("attention."))
-
-
 def baseline_row(row: tuple) -> tuple:
-    """Full attention's row that ``row`` is compared with."""
+    """Full attention's row of the same task, policy, steps, overrides less ``attention.*`` and condition less
+    inference-time attention settings (``112px global_slope=0.75`` -> ``112px``)."""
     task, policy, _, steps, extra, condition = row
-    return task, policy, "full", steps, attention_part(extra)[1], " ".join(w for w in condition.split() if "=" not in w)
+    return (task, policy, "full", steps, " ".join(w for w in extra.split() if not w.startswith("attention.")),
+            " ".join(w for w in condition.split() if "=" not in w))
 
 
 def pct(d: Estimate, sign=True) -> str:
@@ -97,11 +89,9 @@ def study_table(study: str, records: list[Record]) -> str:
     order = sorted(rows, key=lambda r: (*map(str, r[:5]), r[5] != "clean", r[5]))
     return "\n".join([
         f"# {study}", "",
-        f"Written by `python -m studies.claims` from [records.jsonl](records.jsonl) ({len(records)} evaluations, one per "
-        "training seed and condition). Success: mean over training seeds of each seed's rate, 95% interval from a bootstrap "
-        "over seeds, then over each seed's episodes, per-seed rates in brackets (k/n for one seed). Difference: to full "
-        "attention's row of the same task, policy, steps, overrides (less attention settings) and condition (less "
-        "inference-time attention settings), in points, both resampled independently.", "",
+        f"Written by `python -m studies.claims` from [records.jsonl](records.jsonl) ({len(records)} evaluations). Success: "
+        "mean over seeds of each seed's rate, 95% interval from a bootstrap over seeds, then episodes; per-seed rates in "
+        "brackets (k/n for one seed). Difference: to full attention's row, in points (docs/studies.md).", "",
         "| task | policy | attention | steps | extra overrides | condition | seeds | success [95% CI] (per seed) "
         "| − full (points) [95% CI] | mean max coverage | train minutes / seed |",
         "|---|---|---|---|---|---|---|---|---|---|---|", *(table_row(r, rows[r], rows) for r in order)]) + "\n"
@@ -181,16 +171,13 @@ def claims(results: Path, task: str, policy: str) -> list[dict]:
                 add(_claim("More robust to corruptions", a), f"{task} {policy}, {spaced(c)}, {_label(a, e)} − full",
                     _as_baseline(a, compare(row, base)))
     res = rows_of(load(results, "resolution"))
-    before = len(out)
-    for label, variant in [("lookhere", ""), ("lookhere (s_g scaled)", "global_slope=")]:
-        for c in sorted({row[5] for row in res if row[5][0].isdigit()}, key=lambda c: int(c.split("px")[0])):
-            if c.split()[1:] != ([w for w in c.split()[1:] if w.startswith(variant)] if variant else []) or (variant and " " not in c):
-                continue
-            row, base = best(res, task, policy, "lookhere", "", c), best(res, task, policy, "full", "", c.split()[0])
-            if row and base:
-                add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered at {c.split('px')[0]} px, {label} − full",
-                    compare(row, base))
-    if len(out) == before:
+    larger = sorted({tuple(row[5].split()) for row in res if row[5][0].isdigit()}, key=lambda c: (len(c) > 1, int(c[0][:-2])))
+    for c in [c for c in larger if all(w.startswith("global_slope=") for w in c[1:])]:
+        row, base = best(res, task, policy, "lookhere", "", " ".join(c)), best(res, task, policy, "full", "", c[0])
+        if row and base:
+            add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered at {c[0][:-2]} px, "
+                f"lookhere{' (s_g scaled)' * (len(c) > 1)} − full", compare(row, base))
+    if not any(r["claim"].startswith("Extrapolates") for r in out):
         add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered larger than in training, LookHere − full", None)
     out += diversity(results, task, policy)
     sparse, dense = best(main, task, policy, "fibottention", "", "clean", steps), best(main, task, policy, "fibottention", MULT, "clean", steps)

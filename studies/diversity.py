@@ -8,8 +8,6 @@ degenerate value is a diversity of 0; orthogonal representations approach 1.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 
@@ -49,22 +47,6 @@ def _capture(vit, images: torch.Tensor) -> list[dict]:
 def encoder_diversity(vit, images: torch.Tensor) -> list[dict]:
     """Per layer head-diversity of a ViT on images (B, C, H, W) in [0, 1]."""
     return [head_diversity(c["out"]) for c in _capture(vit, images)]
-
-
-def attention_maps(vit, image: torch.Tensor) -> torch.Tensor:
-    """Each head's attention from the CLS token (or the centre patch) to the patches of one image
-    (1, C, H, W): returns (layers, heads, gh, gw) weights."""
-    maps = []
-    for layer, c in enumerate(_capture(vit, image)):
-        q, k, grid, prefix = c["q"], c["k"], c["grid"], c["num_prefix"]
-        scores = q[0] @ k[0].transpose(-2, -1) / math.sqrt(q.shape[-1])  # (heads, N, N)
-        bias = vit.blocks[layer].attn.dense_bias(grid, prefix, q.device)  # (1, heads, N, N) or None
-        if bias is not None:
-            scores = scores + bias[0]
-        weights = scores.softmax(-1)
-        query = 0 if prefix else (grid[0] // 2) * grid[1] + grid[1] // 2
-        maps.append(weights[:, query, prefix:].reshape(-1, *grid))  # (heads, gh, gw)
-    return torch.stack(maps)
 
 
 def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:

@@ -16,6 +16,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from envs.factory import EVAL_SEED_START
+
 # settings that do not change what a run learns (core.rundir.RESUMABLE's kind), and copies of others
 NOT_EXTRA = ("seed", "run_dir", "resume", "overwrite", "device", "eval.", "train.steps", "train.log_every", "train.val_every",
              "train.checkpoint_every", "train.num_workers", "train.num_threads", "train.compile", "task.env", "task.fps",
@@ -30,7 +32,7 @@ class Record:
     steps: int
     extra: str  # training overrides on top of the recipe, space-separated
     seed: int
-    condition: str  # "clean", a corruption ("brightness1"), a size ("112px"), inference-time attention changes
+    condition: str  # "clean", or the corruption ("brightness1"), size ("112px"), attention settings, seed, in that order
     successes: int
     episodes: int
     coverage: float | None = None  # PushT: mean over episodes of the best coverage reached
@@ -107,6 +109,7 @@ def condition_of(summary: dict) -> str:
     parts = [summary["corruption"]] if summary.get("corruption") else []
     parts += [f"{summary['image_size']}px"] if summary.get("image_size") else []
     parts += [f"{k}={_value(v)}" for k, v in sorted((summary.get("attention_overrides") or {}).items())]
+    parts += [f"seed{summary['seed_start']}"] if summary.get("seed_start", EVAL_SEED_START) != EVAL_SEED_START else []
     return " ".join(parts) or "clean"
 
 

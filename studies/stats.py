@@ -57,16 +57,6 @@ def bootstrap_difference(a: list[np.ndarray], b: list[np.ndarray], n_boot: int =
     return Estimate(mean, float(lo), float(hi), min(len(a), len(b)), int(sum(map(len, a)) + sum(map(len, b))))
 
 
-def bootstrap_mean_difference(a, b, n_boot: int = 10000, seed: int = 0) -> Estimate:
-    """Mean of ``a`` minus mean of ``b``, one value per training seed each (e.g. a head-diversity
-    score), with a 95% interval from resampling the seeds of each independently."""
-    rng = np.random.default_rng(seed)
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    draws = rng.choice(a, (n_boot, len(a))).mean(1) - rng.choice(b, (n_boot, len(b))).mean(1)
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    return Estimate(float(a.mean() - b.mean()), float(lo), float(hi), min(len(a), len(b)), 0)
-
-
 def verdict(diff: Estimate, claim_sign: int = 1) -> str:
     """'supported' if the interval excludes 0 on the claimed side, 'contradicted' if on the other,
     else 'not resolved at this scale'."""
