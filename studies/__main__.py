@@ -1,13 +1,10 @@
 """Run a study, or turn plain runs into records; ``python -m studies.claims`` then writes the tables.
 
-    python -m studies show robustness                     # the commands it would run, nothing runs
+    python -m studies show robustness            # the commands it would run; nothing runs
     python -m studies run robustness [--budget cpu] [--seeds 0,1] [--jobs 2] [--engine joblib|local|slurm]
-    python -m studies add robustness results/cells/RUN [RUN ...] [--recipe cpu]
-    python -m studies.claims
+    python -m studies add robustness RUN_DIR ... [--recipe cpu]
 
-``run`` trains what is not trained, evaluates what is not evaluated and records it (studies/study.py);
-``add`` records every ``eval/*/summary.json`` of plain ``train_policy.py`` / ``rollout.py`` runs
-(studies/records.py). The studies themselves are data: studies/catalog.py.
+The studies are data (studies/catalog.py); docs/studies.md explains all of it.
 """
 from __future__ import annotations
 
@@ -21,25 +18,27 @@ from studies.catalog import STUDIES
 from studies.study import BUDGETS
 
 
+def seeds(text: str) -> tuple[int, ...]:
+    if all(s.isdigit() for s in text.split(",")):
+        return tuple(int(s) for s in text.split(","))
+    raise argparse.ArgumentTypeError(f"{text!r}: give non-negative integers, comma-separated (e.g. 0,1,2)")
+
+
 def parse(argv):
     parser = argparse.ArgumentParser(prog="python -m studies", description=__doc__.splitlines()[0])
     parser.add_argument("verb", choices=["show", "run", "add"])
     parser.add_argument("study", help=f"one of {', '.join(STUDIES)} (add: any name)")
     parser.add_argument("runs", nargs="*", help="add: training run directories")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
-    parser.add_argument("--seeds", help="the budget's seeds, replaced: comma-separated")
+    parser.add_argument("--seeds", type=seeds, help="the budget's seeds, replaced: comma-separated")
     parser.add_argument("--results", default="results", help="records, tables and cells/ (default results/)")
     parser.add_argument("--recipe", default="cpu", help="add: the recipe the runs were trained with")
-    parser.add_argument("--engine", choices=["joblib", "local", "slurm"], default="joblib",
-                        help="joblib: this machine (default); local / slurm: submitit's local mode / SLURM")
+    parser.add_argument("--engine", choices=["joblib", "local", "slurm"], default="joblib", help="joblib, or submitit's local / slurm")
     parser.add_argument("--jobs", type=int, default=1, help="joblib: commands at once")
-    parser.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
-                        help="submitit parameter, e.g. slurm_partition=gpu, gpus_per_node=1, timeout_min=240 (repeatable)")
+    parser.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE", help="submitit parameter, e.g. slurm_partition=gpu")
     args = parser.parse_args(argv)
     if args.verb != "add" and args.study not in STUDIES:
         parser.error(f"unknown study {args.study!r}: choose one of {', '.join(STUDIES)}, or add one to studies/catalog.py")
-    if args.seeds is not None and not all(s.isdigit() for s in args.seeds.split(",")):
-        parser.error(f"--seeds {args.seeds!r}: give non-negative integers, comma-separated (e.g. 0,1,2)")
     return args
 
 
@@ -54,9 +53,7 @@ def main(argv=None) -> list[str]:
             print(f"{args.study}: {save(results, args.study, records)} new or changed of {len(records)} records; "
                   f"python -m studies.claims rebuilds the tables")
             return []
-        budget = BUDGETS[args.budget]
-        if args.seeds:
-            budget = replace(budget, seeds=tuple(int(s) for s in args.seeds.split(",")))
+        budget = replace(BUDGETS[args.budget], **({"seeds": args.seeds} if args.seeds else {}))
         study = STUDIES[args.study]
         if args.verb == "show":
             for cell in study.cells(budget, results):
@@ -66,16 +63,14 @@ def main(argv=None) -> list[str]:
             return []
         from studies.study import run
 
-        slurm = dict(kv.split("=", 1) for kv in args.slurm)
-        failed = run(study, budget, results, args.engine, args.jobs, {k: int(v) if v.isdigit() else v for k, v in slurm.items()})
+        slurm = {k: int(v) if v.isdigit() else v for k, v in (kv.split("=", 1) for kv in args.slurm)}
+        failed = run(study, budget, results, args.engine, args.jobs, slurm)
     except (ValueError, FileNotFoundError) as exc:
         print(f"python -m studies: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    for line in failed:
-        print(f"failed: {line}", file=sys.stderr)
     if failed:
-        print(f"{len(failed)} failed; the rest finished and is recorded. Rerun the same command to retry them.", file=sys.stderr)
-        raise SystemExit(1)
+        print("\n".join(f"failed: {line}" for line in failed), file=sys.stderr)
+        raise SystemExit(f"{len(failed)} failed; the rest finished and is recorded. Rerun the same command to retry them.")
     return failed
 
 

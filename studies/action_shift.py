@@ -2,22 +2,14 @@
 
     python -m studies.action_shift CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
 
-``studies.feature_shift`` measures how far one camera's encoder output moves; a feature can move
-in directions the action head ignores. This runs the whole policy (every camera, the observation
-history To, the head) on ``--frames`` dataset windows, clean and with every image corrupted, and
-compares the first action the policy would execute (index To-1 of the chunk) with the
-demonstrator's:
-
-- ``action_error``: mean ||a - a_demo|| over windows, clean and corrupted (on Lift and Can the arm's
-  dimensions, i.e. every dimension but the last, the gripper);
-- ``action_change``: mean ||a' - a|| (arm), and ``action_bias``: the norm of its mean over windows
-  (a drift that every state shares, which a closed loop accumulates where scattered errors cancel);
-- ``gripper_flips`` (Lift, Can): the share of windows where the gripper command changes sign under the corruption;
-- ``feature_change``: the first camera encoder's relative output change (as ``feature_shift``).
-
-Each checkpoint's rollout success under the same corruption is read from its study cell
-(``<run>/eval/<kind><severity>/summary.json``, the study's folder) when it exists, and a Spearman rank correlation of each
-measure with that success across the checkpoints says which measure predicts the rollouts.
+The whole policy (every camera, history To, head) on ``--frames`` dataset windows, clean and with every
+image corrupted; its first executed action (index To-1) against the demonstrator's: ``action_error``
+(mean ||a - a_demo||, clean and corrupted; on Lift and Can the arm's dimensions, all but the gripper),
+``action_change`` (mean ||a' - a||) and ``action_bias`` (the norm of its mean: a drift every state shares,
+which a closed loop accumulates), ``gripper_flips`` (the share of windows whose gripper command changes
+sign) and ``feature_change`` (as ``feature_shift``). With the rollout success under the same corruption
+(``<run>/eval/<kind><severity>/summary.json``, the study's folder), a Spearman rank correlation of each
+measure with it across the checkpoints says which measure predicts the rollouts.
 """
 from __future__ import annotations
 
@@ -120,8 +112,7 @@ def correlations(results: list[dict]) -> dict[str, float]:
 
 def main(argv=None):
     args, results = measure_all(argv, "python -m studies.action_shift", __doc__, measure)
-    print(f"{'checkpoint':40s} {'arm error clean -> corrupted':>28s} {'change':>7s} {'bias':>6s} {'gripper':>8s} "
-          f"{'feature':>8s} {'rollout':>8s}")
+    print(f"{'checkpoint':40s} {'arm error clean -> corrupted':>28s} {'change':>7s} {'bias':>6s} {'gripper':>8s} {'feature':>8s} {'rollout':>8s}")
     for r in results:
         e, s, g = r["action_error"], r["rollout_success"], r["gripper_flips"]
         flips, rollout = ("" if g is None else f"{g:.2f}"), ("" if s is None else f"{s:.2f}")

@@ -1,10 +1,6 @@
 """The studies, as data: what each trains (``python train_policy.py``) and how it evaluates (``python rollout.py``).
-
-    python -m studies run robustness [--budget cpu] [--seeds 0,1] [--engine joblib|local|slurm]
-
-A study is a grid (tasks x policies x arms x variants x the budget's seeds) and named rollout
-settings; ``{episodes}``, ``{shifted_episodes}`` and ``{workers}`` come from the budget
-(``studies.study.Budget``). A new study is one more entry below.
+A grid (tasks x policies x arms x variants x the budget's seeds) and named rollout settings, whose
+``{episodes}``, ``{shifted_episodes}``, ``{workers}`` come from the budget. A new study is one more entry.
 """
 from studies.study import Study
 
@@ -18,15 +14,11 @@ CORRUPTED = {"brightness1": f"{SHIFTED} corruption=brightness:1", "contrast2": f
 LARGER = {f"{n}px": f"{SHIFTED} image_size={n}" for n in (112, 128)}
 
 STUDIES = {s.name: s for s in [
-    Study("main", tasks=("lift",), policies=("bc",), arms=ENCODERS + AUTHORS, settings={"clean": CLEAN},
-          title="Task success, clean"),
+    Study("main", tasks=("lift",), policies=("bc",), arms=ENCODERS + AUTHORS, settings={"clean": CLEAN}),
     Study("data_efficiency", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN},
-          variants=tuple(f"train.steps=2000 train.max_episodes={n}" for n in (10, 25, 50)),
-          title="Success with the first 10, 25 or 50 demonstrations"),
-    Study("robustness", ("lift",), ("bc",), ENCODERS + AUTHORS, {"clean": CLEAN, **CORRUPTED},
-          title="Success under a brightness or contrast shift of every camera image"),
+          variants=tuple(f"train.steps=2000 train.max_episodes={n}" for n in (10, 25, 50))),
+    Study("robustness", ("lift",), ("bc",), ENCODERS + AUTHORS, {"clean": CLEAN, **CORRUPTED}),
     Study("resolution", ("lift",), ("bc",), ENCODERS,
           {"clean": CLEAN, **LARGER, **{f"{k}_slope": f"{v} global_slope={84 / int(k[:-2])}" for k, v in LARGER.items()}},
-          only={"112px_slope": "attention=lookhere", "128px_slope": "attention=lookhere"},
-          title="Cameras rendered larger than in training (LookHere's global slope scaled as the paper does)"),
+          only={"112px_slope": "attention=lookhere", "128px_slope": "attention=lookhere"}),
 ]}

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from studies.records import Record, load
+from studies.records import Record, load, replace_file
 from studies.stats import Estimate, bootstrap_difference, bootstrap_rate, verdict
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -42,25 +41,17 @@ AUTHORS_CODE = (
     "The robot-windows and multiplicative-mask rows here run this package's attention, which applies the mask on every path.")
 
 
-def counts(recs: list[Record]) -> list[list[int]]:
-    return [[r.successes, r.episodes] for r in sorted(recs, key=lambda r: r.seed)]
-
-
-def outcomes(cts) -> list[np.ndarray]:
-    """(successes, episodes) per seed -> each seed's 0/1 episode outcomes (the bootstrap needs no order)."""
-    return [np.r_[np.ones(int(k)), np.zeros(int(n) - int(k))] for k, n in cts]
+def outcomes(recs: list[Record]) -> list[np.ndarray]:
+    """Each seed's 0/1 episode outcomes, in seed order (the bootstrap draws seed by seed)."""
+    return [np.r_[np.ones(r.successes), np.zeros(r.episodes - r.successes)] for r in sorted(recs, key=lambda r: r.seed)]
 
 
 def rows_of(records: list[Record]) -> dict[tuple, list[Record]]:
-    out = defaultdict(list)
-    for r in records:
-        out[r.row].append(r)
-    return dict(out)
+    return {row: [r for r in records if r.row == row] for row in dict.fromkeys(r.row for r in records)}
 
 
 def baseline_row(row: tuple) -> tuple:
-    """Full attention's row of the same task, policy, steps, overrides less ``attention.*`` and condition less
-    inference-time attention settings (``112px global_slope=0.75`` -> ``112px``)."""
+    """Full attention's row: same task, policy, steps, overrides less ``attention.*``, condition less ``key=value``s."""
     task, policy, _, steps, extra, condition = row
     return (task, policy, "full", steps, " ".join(w for w in extra.split() if not w.startswith("attention.")),
             " ".join(w for w in condition.split() if "=" not in w))
@@ -71,35 +62,28 @@ def pct(d: Estimate, sign=True) -> str:
     return f"{f.format(100 * d.mean)} [{f.format(100 * d.lo)}, {f.format(100 * d.hi)}]"
 
 
-def table_row(row: tuple, recs: list[Record], rows: dict) -> str:
-    est = bootstrap_rate(outcomes(counts(recs)))
-    per_seed = "/".join(f"{100 * k / n:.0f}" for k, n in counts(recs)) if len(recs) > 1 else f"{recs[0].successes}/{recs[0].episodes}"
+def table_row(row: tuple, recs: list[Record], rows: dict) -> list[str]:
+    est = bootstrap_rate(outcomes(recs))
+    per_seed = "/".join(f"{100 * o.mean():.0f}" for o in outcomes(recs)) if len(recs) > 1 else f"{recs[0].successes}/{recs[0].episodes}"
     base = rows.get(baseline_row(row))
-    diff = pct(bootstrap_difference(outcomes(counts(recs)), outcomes(counts(base)))) if base and baseline_row(row) != row else ""
-    cov = f"{sum(r.coverage * r.episodes for r in recs) / sum(r.episodes for r in recs):.3f}" \
-        if all(r.coverage is not None for r in recs) else ""
+    diff = pct(bootstrap_difference(outcomes(recs), outcomes(base))) if base and baseline_row(row) != row else ""
+    cov = f"{sum(r.coverage * r.episodes for r in recs) / sum(r.episodes for r in recs):.3f}" if None not in [r.coverage for r in recs] else ""
     secs = [r.train_seconds for r in recs if r.train_seconds]
-    cells = [*map(str, row[:5]), row[5], str(len(recs)), f"{pct(est, False).replace(' [', '% [', 1)} ({per_seed})", diff, cov,
-             f"{np.mean(secs) / 60:.1f}" if secs else ""]
-    return "| " + " | ".join(cells) + " |"
+    return [*row, len(recs), f"{pct(est, False).replace(' [', '% [', 1)} ({per_seed})", diff, cov, f"{np.mean(secs) / 60:.1f}" if secs else ""]
 
 
 def study_table(study: str, records: list[Record]) -> str:
     rows = rows_of(records)
     order = sorted(rows, key=lambda r: (*map(str, r[:5]), r[5] != "clean", r[5]))
-    return "\n".join([
-        f"# {study}", "",
-        f"Written by `python -m studies.claims` from [records.jsonl](records.jsonl) ({len(records)} evaluations). Success: "
-        "mean over seeds of each seed's rate, 95% interval from a bootstrap over seeds, then episodes; per-seed rates in "
-        "brackets (k/n for one seed). Difference: to full attention's row, in points (docs/studies.md).", "",
-        "| task | policy | attention | steps | extra overrides | condition | seeds | success [95% CI] (per seed) "
-        "| − full (points) [95% CI] | mean max coverage | train minutes / seed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|", *(table_row(r, rows[r], rows) for r in order)]) + "\n"
+    return (f"# {study}\n\nWritten by `python -m studies.claims` from [records.jsonl](records.jsonl) ({len(records)} evaluations). "
+            "Success: mean over seeds of each seed's rate, 95% interval from a bootstrap over seeds, then episodes; per-seed rates "
+            "in brackets (k/n for one seed). Difference: to full attention's row, in points (docs/studies.md).\n\n" + markdown(
+                ["task", "policy", "attention", "steps", "extra overrides", "condition", "seeds", "success [95% CI] (per seed)",
+                 "− full (points) [95% CI]", "mean max coverage", "train minutes / seed"], [table_row(r, rows[r], rows) for r in order]) + "\n")
 
 
 def best(rows: dict, task, policy, attention, extra, condition, steps=None) -> list[Record] | None:
-    """The seeds of the matching row with the most seeds (the current measurement; older single-seed rows stay in the
-    tables). ``extra`` matches the row's overrides less ``train.steps``, which has a column of its own."""
+    """The matching row with the most seeds (older single-seed rows stay in the tables); ``extra`` less ``train.steps``."""
     found = [recs for (t, p, a, s, e, c), recs in rows.items() if (t, p, a, c) == (task, policy, attention, condition)
              and [w for w in e.split() if not w.startswith("train.steps=")] == extra.split() and steps in (None, s)]
     return max(found, key=len, default=None)
@@ -107,7 +91,7 @@ def best(rows: dict, task, policy, attention, extra, condition, steps=None) -> l
 
 def compare(a: list[Record], b: list[Record], claim_sign: int = 1) -> dict:
     """Mean of ``a`` minus mean of ``b``, with interval, seeds and verdict."""
-    oa, ob = outcomes(counts(a)), outcomes(counts(b))
+    oa, ob = outcomes(a), outcomes(b)
     d = bootstrap_difference(oa, ob)
     return {"effect": f"{pct(d)} points", "rates": f"{bootstrap_rate(oa).fmt()} vs {bootstrap_rate(ob).fmt()}",
             "seeds": f"{len(a)} vs {len(b)}", "diff": d.mean, "ci95": [d.lo, d.hi],
@@ -119,22 +103,7 @@ def _verdict(diff, claim_sign: int, seeds: int) -> str:
     return v if seeds >= 3 or v == "not resolved at this scale" else f"{v} on {seeds} seed{'s' * (seeds > 1)} (fewer than 3)"
 
 
-def _claim(claim: str, attention: str) -> str:
-    return f"{claim}: sparse baseline (BigBird; no claim)" if attention == "bigbird" else \
-        f"{claim} ({'Fibottention' if attention.startswith('fib') else 'LookHere'})"
-
-
-def _as_baseline(attention: str, result: dict | None) -> dict | None:
-    """A row of the sparse baseline claims nothing: its verdict says only which side of full attention it is on."""
-    if attention != "bigbird" or not result:
-        return result
-    side = {"supported": "better than full attention", "contradicted": "worse than full attention"}
-    return {**result, "verdict": next((result["verdict"].replace(k, v) for k, v in side.items() if result["verdict"].startswith(k)),
-                                      result["verdict"])}
-
-
-def spaced(condition: str) -> str:
-    """``brightness1`` -> ``brightness 1``."""
+def spaced(condition: str) -> str:  # brightness1 -> brightness 1
     return re.sub(r"(\d)$", r" \1", condition)
 
 
@@ -144,32 +113,37 @@ def _label(a: str, e: str) -> str:
 
 def claims(results: Path, task: str, policy: str) -> list[dict]:
     out = []
+    side = {"supported": "better than full attention", "contradicted": "worse than full attention"}
 
-    def add(claim, measurement, result):
+    def add(claim, measurement, result, attention=""):
+        """One row; the sparse baseline (BigBird) claims nothing: its verdict says only which side of full attention it is on."""
+        if attention:
+            claim += ": sparse baseline (BigBird; no claim)" if attention == "bigbird" else \
+                f" ({'Fibottention' if attention.startswith('fib') else 'LookHere'})"
+        if attention == "bigbird" and result:
+            v = result["verdict"]
+            result = {**result, "verdict": next((v.replace(k, w, 1) for k, w in side.items() if v.startswith(k)), v)}
         out.append({"claim": claim, "measurement": measurement, **(result or {"effect": "not measured yet", "verdict": "—"})})
 
     main = rows_of(load(results, "main"))
-    full = best(main, task, policy, "full", "", "clean")
-    steps = full[0].steps if full else None
+    steps = (full := best(main, task, policy, "full", "", "clean")) and full[0].steps
     for a, e in ARMS["fib"] + ARMS["lookhere"] + ARMS["bigbird"]:
         row = best(main, task, policy, a, e, "clean", steps)
-        add(_claim("Better task success", a), f"{task} {policy}, clean, {_label(a, e)} − full",
-            _as_baseline(a, compare(row, full) if row and full else None))
+        add("Better task success", f"{task} {policy}, clean, {_label(a, e)} − full", compare(row, full) if row and full else None, a)
     eff = rows_of(load(results, "data_efficiency"))
     for n in sorted({int(w.split("=")[1]) for row in eff for w in row[4].split() if w.startswith("train.max_episodes=")}):
         base = best(eff, task, policy, "full", f"train.max_episodes={n}", "clean")
         for a in ["fibottention", "lookhere"]:
             row = best(eff, task, policy, a, f"train.max_episodes={n}", "clean")
-            add(_claim("Better with scarce data", a), f"{task} {policy}, {n} demonstrations, {LABELS[(a, '')]} − full",
-                compare(row, base) if row and base else None)
+            add("Better with scarce data", f"{task} {policy}, {n} demonstrations, {LABELS[(a, '')]} − full",
+                compare(row, base) if row and base else None, a)
     rob = rows_of(load(results, "robustness"))
     conditions = sorted({row[5] for row in rob} - {"clean"})
     for a, e in ARMS["fib"] + [("fibottention", MULT)] + ARMS["lookhere"] + ARMS["bigbird"]:
         for c in conditions:
             row, base = best(rob, task, policy, a, e, c), best(rob, task, policy, "full", "", c)
             if row and base:
-                add(_claim("More robust to corruptions", a), f"{task} {policy}, {spaced(c)}, {_label(a, e)} − full",
-                    _as_baseline(a, compare(row, base)))
+                add("More robust to corruptions", f"{task} {policy}, {spaced(c)}, {_label(a, e)} − full", compare(row, base), a)
     res = rows_of(load(results, "resolution"))
     larger = sorted({tuple(row[5].split()) for row in res if row[5][0].isdigit()}, key=lambda c: (len(c) > 1, int(c[0][:-2])))
     for c in [c for c in larger if all(w.startswith("global_slope=") for w in c[1:])]:
@@ -187,14 +161,14 @@ def claims(results: Path, task: str, policy: str) -> list[dict]:
 
 
 def diversity(results: Path, task: str, policy: str) -> list[dict]:
-    """Head diversity rows, from ``python -m studies.diversity``'s results.json (one value per seed, not an evaluation)."""
+    """Head diversity rows from ``results/diversity/results.json`` (one value per seed, not an evaluation)."""
     path = results / "diversity" / "results.json"
-    rows = [r for r in (json.loads(path.read_text())["rows"] if path.exists() else []) if (r["task"], r["policy"]) == (task, policy)]
     out = []
-    for r in (r for r in rows if "diff" in r):
-        kind, *parts = r["attention"].split(":")
-        extra = " ".join(f"attention.{p}" for p in parts)
-        seeds = len(r["values"])
+    for r in json.loads(path.read_text())["rows"] if path.exists() else []:
+        if (r["task"], r["policy"]) != (task, policy) or "diff" not in r:
+            continue
+        kind, *parts = r["attention"].split(":")  # labels of the studies of that time: "fibottention:windows=robot"
+        extra, seeds = " ".join(f"attention.{p}" for p in parts), len(r["values"])
         out.append({"claim": f"More diverse heads ({'Fibottention' if kind.startswith('fib') else 'LookHere'})",
                     "measurement": f"{task} {policy}, 1 − mean pairwise CKA of the heads' outputs, {_label(kind, extra)} − full",
                     "effect": r["diff_text"], "rates": f"{r['diversity']} (per seed {r['per_seed']})", "seeds": str(seeds),
@@ -203,8 +177,7 @@ def diversity(results: Path, task: str, policy: str) -> list[dict]:
 
 
 def per_image(results: Path, task: str, policy: str) -> list[dict]:
-    """Each encoder trained on per-image standardised input, per robustness condition, against full attention (the
-    recipe), against itself on the recipe's input, and against full attention on the same input."""
+    """Per-image input per condition, against full attention, itself on the recipe's input, full attention per-image."""
     rob = rows_of(load(results, "robustness"))
     out = []
     for a in ["full", "fibottention"]:
@@ -215,7 +188,7 @@ def per_image(results: Path, task: str, policy: str) -> list[dict]:
                        "full attention, per-image": best(rob, task, policy, "full", PER_IMAGE, c) if a != "full" else None}
             if row:
                 out.append({"encoder": LABELS[(a, "")], "condition": spaced(c), "seeds": len(row),
-                            "success": bootstrap_rate(outcomes(counts(row))).fmt(),
+                            "success": bootstrap_rate(outcomes(row)).fmt(),
                             **{k: compare(row, r)["effect"] if r else "—" for k, r in against.items()}})
     return out
 
@@ -225,14 +198,10 @@ def markdown(header: list[str], rows: list[list]) -> str:
 
 
 def write(md: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Put ``text`` between the markers of ``md`` (appended with them if absent), by a rename."""
-    old = md.read_text() if md.exists() else ""
-    block = f"{begin}\n{text}\n{end}"
-    new = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, old, flags=re.S) if begin in old \
-        else old + ("\n" if old else "") + block + "\n"
-    tmp = md.with_name(f".{md.name}.tmp")
-    tmp.write_text(new)
-    tmp.replace(md)
+    """Put ``text`` between the markers of ``md`` (appended with them if absent)."""
+    old, block = md.read_text() if md.exists() else "", f"{begin}\n{text}\n{end}"
+    replace_file(md, re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, old, flags=re.S) if begin in old
+                 else old + ("\n" if old else "") + block + "\n")
 
 
 def main(argv=None):
@@ -245,14 +214,10 @@ def main(argv=None):
     from studies.catalog import STUDIES
 
     for study in sorted({*STUDIES, *(p.parent.name for p in results.glob("*/records.jsonl"))}):
-        records = load(results, study)
-        if not records:
-            print(f"{study}: nothing evaluated yet (no records in {results / study / 'records.jsonl'}); no table written")
-            continue
-        tmp = results / study / ".table.md.tmp"
-        tmp.write_text(study_table(study, records))
-        tmp.replace(results / study / "table.md")
-        print(f"{study}: {len(records)} records -> {results / study / 'table.md'}")
+        if records := load(results, study):
+            replace_file(results / study / "table.md", study_table(study, records))
+        print(f"{study}: {len(records)} records -> {results / study / 'table.md'}" if records else
+              f"{study}: nothing evaluated yet (no records in {results / study / 'records.jsonl'}); no table written")
     rows = claims(results, args.task, args.policy)
     text = markdown(["claim (paper)", "measurement", "value, mean [95% CI] (success, or head diversity)", "effect [95% CI]",
                      "seeds", "verdict"], [[r["claim"], r["measurement"], r.get("rates", ""), r["effect"], r.get("seeds", ""),
@@ -264,8 +229,8 @@ def main(argv=None):
             ["encoder, per-image input", "condition", "seeds", "success, mean [95% CI]", "− full attention (recipe input)",
              "− itself on the recipe input", "− full attention, per-image input"], [list(r.values()) for r in fixed]),
             FIX_BEGIN, FIX_END)
-    (results / "claims.json").write_text(json.dumps({"task": args.task, "policy": args.policy, "rows": rows,
-                                                     "per_image": fixed}, indent=2) + "\n")
+    replace_file(results / "claims.json", json.dumps({"task": args.task, "policy": args.policy, "rows": rows, "per_image": fixed},
+                                                     indent=2) + "\n")
     print(text)
     return rows
 

@@ -1,19 +1,10 @@
 """A study is data over the two commands; ``run`` hands them to an engine and records what they measured.
 
-A ``Study`` is a grid of training cells (tasks x policies x arms x seeds x variants), each exactly
-``python train_policy.py <overrides> run_dir=<cell>``, and named evaluation settings, each exactly
-``python rollout.py checkpoint=<cell> <options> out_dir=<cell>/eval/<setting>``. ``run``:
-
-1. composes every cell's config and every setting's rollout options first, so a mistake (an unknown
-   task, a bad corruption) ends the study before anything starts;
-2. trains the cells that are not finished (a cell with a complete checkpoint resumes from it with
-   ``resume=true``, one that reached ``train.steps`` is skipped) and then evaluates every trained
-   cell in every setting whose ``summary.json`` is not there yet, on joblib (this machine) or
-   submitit (its local mode, or SLURM); a failed command is reported at the end, the others go on;
-3. adds a record per evaluation to ``results/<study>/records.jsonl`` (``studies.records``).
-
-Cells live in ``results/cells/<task>_<policy>_<attention>_s<seed>_<hash of the overrides>``, the
-directories earlier versions of the studies trained, so nothing already trained is trained again.
+A ``Study`` is a grid of cells, each ``python train_policy.py <overrides> run_dir=<cell>``, and named
+settings, each ``python rollout.py checkpoint=<cell> <options> out_dir=<cell>/eval/<setting>``.
+``run`` composes all of them first (a mistake ends the study before anything starts), trains what
+has not reached ``train.steps`` (resuming from a checkpoint), evaluates what has no summary.json,
+on joblib or submitit, and records every evaluation (``studies.records``). docs/studies.md.
 """
 from __future__ import annotations
 
@@ -29,8 +20,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Budget:
-    """What a study's cells and evaluations cost: the recipe, the seeds and the episodes."""
-
     recipe: str = "cpu"  # configs/recipe/<recipe>: every cell's settings beyond what the study varies
     seeds: tuple[int, ...] = (0, 1, 2)
     episodes: int = 50  # clean evaluation episodes per seed
@@ -58,22 +47,16 @@ class Study:
     settings: dict[str, str]  # name -> rollout.py options; {episodes}, {shifted_episodes}, {workers} from the budget
     variants: tuple[str, ...] = ("",)  # more training overrides crossed with the grid (e.g. train.max_episodes=10)
     only: dict[str, str] = field(default_factory=dict)  # setting -> the one arm it applies to (an attention-specific option)
-    title: str = ""
 
     def cells(self, budget: Budget, results: Path) -> list[Cell]:
-        return [Cell(t, p, arm, s, budget.recipe, (*budget.train_overrides, *v.split()), Path(results))
+        return [Cell(t, p, arm, s, budget.recipe, (*budget.train_overrides, *v.split()), Path(results).absolute())
                 for t in self.tasks for p in self.policies for arm in self.arms for v in self.variants for s in budget.seeds]
 
     def rollout_options(self, budget: Budget, cell: Cell | None = None) -> dict[str, list[str]]:
-        """Each setting's rollout.py options (for ``cell``: only those that apply to its arm)."""
-        out = {}
-        for name, options in self.settings.items():
-            if cell is not None and self.only.get(name, cell.arm) != cell.arm:
-                continue
-            opts = dict(o.split("=", 1) for o in options.format(**asdict(budget)).split())
-            opts.update(o.split("=", 1) for o in budget.rollout_overrides)
-            out[name] = [f"{k}={v}" for k, v in opts.items()]
-        return out
+        """Each setting's rollout.py options, the budget's last (for ``cell``: the settings that apply to its arm)."""
+        return {name: [f"{k}={v}" for k, v in dict(o.split("=", 1) for o in [*opts.format(**asdict(budget)).split(),
+                                                                             *budget.rollout_overrides]).items()]
+                for name, opts in self.settings.items() if cell is None or self.only.get(name, cell.arm) == cell.arm}
 
 
 @dataclass(frozen=True)
@@ -98,24 +81,24 @@ class Cell:
     def run_dir(self) -> Path:
         """The cell's directory: an existing one with the same overrides' hash, else a new one under results/cells/."""
         digest = hashlib.sha1(json.dumps(self.overrides).encode()).hexdigest()[:10]
-        found = sorted(self.results.glob(f"cells/*_s{self.seed}_{digest}")) + sorted(self.results.glob(f"*/cells/*_s{self.seed}_{digest}"))
+        found = [*sorted(self.results.glob(f"cells/*_s{self.seed}_{digest}")), *sorted(self.results.glob(f"*/cells/*_s{self.seed}_{digest}"))]
         kind = self.arm.split()[0].removeprefix("attention=")
         return found[0] if found else self.results / "cells" / f"{self.task}_{self.policy}_{kind}_s{self.seed}_{digest}"
 
-    def trained_step(self) -> int | None:
+    def trained_step(self) -> int:
         from policies.checkpoint import checkpoint_step, newest_checkpoint
 
         last = newest_checkpoint(self.run_dir / "checkpoints")
-        return None if last is None else checkpoint_step(last)
+        return 0 if last is None else checkpoint_step(last)
 
     def train_command(self) -> list[str]:
         """Resume from the newest complete checkpoint (``run`` restarts one stopped before its first)."""
-        run_dir, resume = self.run_dir, self.trained_step() is not None
-        return [sys.executable, "train_policy.py", *self.overrides, f"run_dir={run_dir}", *(["resume=true"] if resume else [])]
+        resume = ["resume=true"] * (self.trained_step() > 0)
+        return [sys.executable, "train_policy.py", *self.overrides, f"run_dir={self.run_dir}", *resume]
 
 
 def check(study: Study, budget: Budget, cells: list[Cell]) -> dict[Cell, int]:
-    """Compose every cell and every setting as the two commands would; train.steps of each cell. One line on a mistake."""
+    """Compose every cell and setting as the two commands would (one line on a mistake); each cell's train.steps."""
     from core.config import compose
 
     def composed(what: str, config: str, overrides: list[str]):
@@ -166,14 +149,13 @@ def run(study: Study, budget: Budget, results: Path, engine: str = "joblib", n_j
 
     cells = study.cells(budget, results)
     steps = check(study, budget, cells)
-    todo = [c for c in cells if (c.trained_step() or 0) < steps[c]]
+    todo = [c for c in cells if c.trained_step() < steps[c]]
     log(f"{study.name}: {len(cells)} cells, {len(cells) - len(todo)} trained already, {len(todo)} to train")
-    for c in todo:
-        if c.trained_step() is None and (c.run_dir / "config.json").exists():
-            (c.run_dir / "config.json").unlink()  # stopped before its first checkpoint: written by the run itself; logs stay
+    for c in (c for c in todo if not c.trained_step() and (c.run_dir / "config.json").exists()):
+        (c.run_dir / "config.json").unlink()  # stopped before its first checkpoint: written by the run itself; logs stay
     failed = launch([(f"train {c.run_dir.name}", c.train_command(), c.run_dir / "logs" / "train.log") for c in todo],
                     engine, n_jobs, slurm or {}, results / "cells" / ".submitit")
-    trained = [c for c in cells if (c.trained_step() or 0) >= steps[c]]
+    trained = [c for c in cells if c.trained_step() >= steps[c]]
     failed += [f"evaluations of {c.run_dir.name}: not run, its training did not finish" for c in cells if c not in trained]
     evals = [(f"eval {c.run_dir.name} {name}", [sys.executable, "rollout.py", f"checkpoint={c.run_dir}", *opts, "num_videos=0",
                                                f"out_dir={c.run_dir / 'eval' / name}"], c.run_dir / "logs" / f"eval_{name}.log")

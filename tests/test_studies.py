@@ -70,6 +70,23 @@ def test_an_interrupted_cell_resumes_from_its_checkpoint(tmp_path, tiny_budget):
     assert "resumed" in (cell.run_dir / "logs" / "train.log").read_text()
 
 
+@pytest.mark.parametrize("engine", ["joblib", "local"])
+def test_each_engine_runs_every_command_and_reports_each_failure(tmp_path, engine):
+    import sys
+
+    from studies.study import launch
+
+    ok, bad = [sys.executable, "-c", "print('ran')"], [sys.executable, "-c", "raise SystemExit(3)"]
+    jobs = [("first", ok, tmp_path / "first.log"), ("bad", bad, tmp_path / "bad.log"), ("last", ok, tmp_path / "last.log")]
+    failed = launch(jobs, engine, 2, {"timeout_min": 5}, tmp_path / "submitit")
+    assert len(failed) == 1 and failed[0].startswith("bad: ")
+    if engine == "joblib":  # our logs; submitit keeps its own under the folder it is given
+        assert (tmp_path / "first.log").read_text() == (tmp_path / "last.log").read_text() == "ran\n"
+        assert "exit status 3" in failed[0]
+    else:
+        assert "submitit log" in failed[0] and (tmp_path / "submitit").is_dir()
+
+
 @pytest.mark.parametrize("task, setting, message", [
     ("nosuchtask", "num_episodes=1", "task=nosuchtask"),
     ("pusht", "num_episodes=1 corruption=brightness:7", "corruption='brightness:7'"),
@@ -184,7 +201,7 @@ def test_activation_patching_reproduces_the_encoder_and_restoring_a_path_removes
     assert 0 < restored["block0.head1"] < r0 * 1.5 and restored["every block's MLP"] < r0
 
 
-@pytest.mark.parametrize("module", ["feature_shift", "shift_patching", "action_shift", "diversity"])
+@pytest.mark.parametrize("module", ["feature_shift", "shift_patching", "action_shift"])
 def test_the_encoder_analyses_end_a_bad_checkpoint_or_corruption_in_one_line(module, tmp_path, capsys):
     import importlib
 
@@ -195,4 +212,4 @@ def test_the_encoder_analyses_end_a_bad_checkpoint_or_corruption_in_one_line(mod
     assert "error: no checkpoint at" in err and "Traceback" not in err
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--corruption", "bright"])
-    assert "'bright' is not KIND:SEVERITY" in capsys.readouterr().err
+    assert "corruption='bright': give KIND:SEVERITY" in capsys.readouterr().err
