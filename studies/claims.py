@@ -20,8 +20,7 @@ import numpy as np
 from studies.records import Record, load, replace_file
 from studies.stats import Estimate, bootstrap_difference, bootstrap_rate, verdict
 
-BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
-FIX_BEGIN, FIX_END = "<!-- per-image:begin -->", "<!-- per-image:end -->"
+BEGIN, END, FIX_BEGIN, FIX_END = "<!-- claims:begin -->", "<!-- claims:end -->", "<!-- per-image:begin -->", "<!-- per-image:end -->"
 PER_IMAGE = "policy.vit.input_norm=per_image"  # the fix of claims.md's section 5
 ROBOT, MULT = "attention.windows=robot", "attention.mask_mode=multiplicative"
 LABELS = {("full", ""): "full", ("fibottention", ""): "Fibottention", ("fibottention", ROBOT): "Fibottention (robot windows)",
@@ -30,15 +29,16 @@ LABELS = {("full", ""): "full", ("fibottention", ""): "Fibottention", ("fibotten
 ARMS = {"fib": [("fibottention", ""), ("fibottention", ROBOT)], "lookhere": [("lookhere", "")], "bigbird": [("bigbird", "")]}
 # Issue 31 item 4, beside the rows of the authors' two settings; every line number below was read, not assumed
 AUTHORS_CODE = (
-    "† **The authors' robot code trains full attention on a current stack.** In Charlotte-CharMLab/Fibottention "
-    "(commit adf9919), `robot_learning/diffusion_policy/model/vision/vision_transformer.py`, `Attention.__init__` sets "
-    "`self.fused_attn = use_fused_attn()` (line 171) and `Attention.forward` (line 182) applies the Fibottention mask only "
-    "in its `else:` branch (line 194; the mask multiplies the logits at line 212); the `if self.fused_attn:` branch "
-    "(lines 189-193) calls `F.scaled_dot_product_attention(q, k, v, dropout_p=...)` with no mask. Their environment pins "
-    "`pytorch=1.12.1` (`robot_learning/conda_environment.yaml`, line 11), which has no `scaled_dot_product_attention`, so "
-    "there the mask applies. On torch 2.x, timm's `use_fused_attn()` is true unless `TIMM_FUSED_ATTN=0` (read in the "
-    "installed timm 1.0.31: `timm/layers/config.py` lines 31-35 and 137-143), so the same code trains full attention. "
-    "The robot-windows and multiplicative-mask rows here run this package's attention, which applies the mask on every path.")
+    "† **The authors' robot code trains full attention on a current stack.** In Charlotte-CharMLab/Fibottention (commit "
+    "adf9919), `robot_learning/diffusion_policy/model/vision/vision_transformer.py`, `Attention.__init__` sets `self.fused_attn = "
+    "use_fused_attn()` (line 171); `Attention.forward` (line 182) applies the Fibottention mask only in its `else:` branch (line "
+    "194; the mask multiplies the logits at line 212), while its `if self.fused_attn:` branch (lines 189-193) calls "
+    "`F.scaled_dot_product_attention(q, k, v, dropout_p=...)` with no mask (timm's own `Attention.forward`, `timm/layers/"
+    "attention.py` lines 123-129 in timm 1.0.31, passes its `attn_mask` there). Their environment pins `pytorch=1.12.1` "
+    "(`robot_learning/conda_environment.yaml`, line 11), which has no `scaled_dot_product_attention`, so there the mask applies. "
+    "On torch 2.x timm's `use_fused_attn()` is true unless `TIMM_FUSED_ATTN=0` (timm 1.0.31, `timm/layers/config.py` lines 31-35 "
+    "and 137-143), so the same code trains full attention. The rows marked † here run this package's attention, which applies "
+    "the mask on every path.")
 
 
 def outcomes(recs: list[Record]) -> list[np.ndarray]:
