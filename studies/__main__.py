@@ -2,9 +2,7 @@
 
     python -m studies show robustness            # the commands it would run; nothing runs
     python -m studies run robustness [--budget cpu] [--seeds 0,1] [--jobs 2] [--engine joblib|local|slurm]
-    python -m studies add robustness RUN_DIR ... [--recipe cpu]
-
-The studies are data (studies/catalog.py); docs/studies.md explains all of it.
+    python -m studies add robustness RUN_DIR ... [--recipe cpu]      # docs/studies.md
 """
 from __future__ import annotations
 
@@ -39,6 +37,8 @@ def parse(argv):
     args = parser.parse_args(argv)
     if args.verb != "add" and args.study not in STUDIES:
         parser.error(f"unknown study {args.study!r}: choose one of {', '.join(STUDIES)}, or add one to studies/catalog.py")
+    if args.verb == "add" and not args.runs:
+        parser.error("add: give the training run directories to record, e.g. python -m studies add robustness RUN_DIR")
     return args
 
 
