@@ -2,22 +2,14 @@
 
     python -m studies.action_shift CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
 
-``studies.feature_shift`` measures how far one camera's encoder output moves; a feature can move
-in directions the action head ignores. This runs the whole policy (every camera, the observation
-history To, the head) on ``--frames`` dataset windows, clean and with every image corrupted, and
-compares the first action the policy would execute (index To-1 of the chunk) with the
-demonstrator's:
-
-- ``action_error``: mean ||a - a_demo|| over windows, clean and corrupted (on Lift and Can the arm's
-  dimensions, i.e. every dimension but the last, the gripper);
-- ``action_change``: mean ||a' - a|| (arm), and ``action_bias``: the norm of its mean over windows
-  (a drift that every state shares, which a closed loop accumulates where scattered errors cancel);
-- ``gripper_flips`` (Lift, Can): the share of windows where the gripper command changes sign under the corruption;
-- ``feature_change``: the first camera encoder's relative output change (as ``feature_shift``).
-
-Each checkpoint's rollout success under the same corruption is read from its study cell
-(``<cell>/evals/<kind>_<severity>.json``) when it exists, and a Spearman rank correlation of each
-measure with that success across the checkpoints says which measure predicts the rollouts.
+The whole policy (every camera, history To, head) on ``--frames`` dataset windows, clean and with every
+image corrupted; its first executed action (index To-1) against the demonstrator's: ``action_error``
+(mean ||a - a_demo||, clean and corrupted; on Lift and Can the arm's dimensions, all but the gripper),
+``action_change`` (mean ||a' - a||) and ``action_bias`` (the norm of its mean: a drift every state shares,
+which a closed loop accumulates), ``gripper_flips`` (the share of windows whose gripper command changes
+sign) and ``feature_change`` (as ``feature_shift``). With the rollout success under the same corruption
+(``<run>/eval/<kind><severity>/summary.json``, the study's folder), a Spearman rank correlation of each
+measure with it across the checkpoints says which measure predicts the rollouts.
 """
 from __future__ import annotations
 
@@ -65,7 +57,7 @@ def first_actions(policy, batch: dict[str, np.ndarray]) -> torch.Tensor:
 
 
 def rollout_success(checkpoint, kind: str, severity: int) -> float | None:
-    path = Path(checkpoint) / "evals" / f"{kind}_{severity}.json"
+    path = Path(checkpoint) / "eval" / f"{kind}{severity}" / "summary.json"
     return json.loads(path.read_text())["success_rate"] if path.exists() else None
 
 
@@ -96,17 +88,10 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
 
 
 def spearman(x, y) -> float:
-    """Rank correlation (average ranks for ties)."""
-    def ranks(v):
-        v = np.asarray(v, float)
-        order = v.argsort()
-        r = np.empty(len(v))
-        r[order] = np.arange(len(v))
-        for u in np.unique(v):  # ties share their mean rank
-            r[v == u] = r[v == u].mean()
-        return r
-    rx, ry = ranks(x), ranks(y)
-    return float(np.corrcoef(rx, ry)[0, 1]) if rx.std() and ry.std() else float("nan")
+    """Rank correlation (average ranks for ties); nan when either side is constant."""
+    from scipy.stats import spearmanr
+
+    return float("nan") if len(set(x)) < 2 or len(set(y)) < 2 else float(spearmanr(x, y).statistic)
 
 
 def correlations(results: list[dict]) -> dict[str, float]:
@@ -127,8 +112,7 @@ def correlations(results: list[dict]) -> dict[str, float]:
 
 def main(argv=None):
     args, results = measure_all(argv, "python -m studies.action_shift", __doc__, measure)
-    print(f"{'checkpoint':40s} {'arm error clean -> corrupted':>28s} {'change':>7s} {'bias':>6s} {'gripper':>8s} "
-          f"{'feature':>8s} {'rollout':>8s}")
+    print(f"{'checkpoint':40s} {'arm error clean -> corrupted':>28s} {'change':>7s} {'bias':>6s} {'gripper':>8s} {'feature':>8s} {'rollout':>8s}")
     for r in results:
         e, s, g = r["action_error"], r["rollout_success"], r["gripper_flips"]
         flips, rollout = ("" if g is None else f"{g:.2f}"), ("" if s is None else f"{s:.2f}")

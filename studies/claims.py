@@ -1,14 +1,12 @@
-"""The claims table: each claim of the two papers that the studies test, its measured effect with a
-95% interval, and a verdict, built from the studies' ``results/<study>/results.json``.
+"""The one report: every study's table and the claims table, from the committed records.
 
-    python -m studies.claims [--task lift] [--policy bc] [--results results]
+    python -m studies.claims [--results results] [--task lift] [--policy bc]
 
-Rewrites the table between the ``claims:begin`` / ``claims:end`` markers of ``results/claims.md``
-(the prose around it is written by hand) and writes ``results/claims.json``. Every effect is a
-difference of mean success over training seeds, resampled over seeds, then over each seed's
-episodes (``studies.stats``), from the (successes, episodes) of each seed the study tables keep.
-A claim whose cells have not run yet says so. Verdicts: ``supported`` (the interval excludes 0 on
-the claimed side), ``contradicted`` (on the other), ``not resolved at this scale``.
+Writes ``results/<study>/table.md`` for every ``records.jsonl`` (rows pooled over seeds, each compared
+with full attention: ``baseline_row``), the claims table between the markers of ``results/claims.md``
+(the prose around it is written by hand) and ``results/claims.json``. It reads records only: the same
+files on every machine, and a second run changes nothing. Verdicts: ``supported`` (the interval
+excludes 0 on the claimed side), ``contradicted`` (on the other), ``not resolved at this scale``.
 """
 from __future__ import annotations
 
@@ -17,66 +15,87 @@ import json
 import re
 from pathlib import Path
 
-from studies.common import outcomes_from_counts, seed_count
+import numpy as np
+
+from studies.records import Record, load, replace_file
 from studies.stats import Estimate, bootstrap_difference, bootstrap_rate, verdict
 
-BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
-FIX_BEGIN, FIX_END = "<!-- per-image:begin -->", "<!-- per-image:end -->"
+BEGIN, END, FIX_BEGIN, FIX_END = "<!-- claims:begin -->", "<!-- claims:end -->", "<!-- per-image:begin -->", "<!-- per-image:end -->"
 PER_IMAGE = "policy.vit.input_norm=per_image"  # the fix of claims.md's section 5
-LABELS = {"full": "full", "fibottention": "Fibottention", "fibottention:windows=robot": "Fibottention (robot windows)",
-          "fibottention:mask_mode=multiplicative": "Fibottention (multiplicative mask)", "lookhere": "LookHere-90",
-          "lookhere:45": "LookHere-45", "bigbird": "BigBird"}
-FIB = ["fibottention", "fibottention:windows=robot"]
-LOOKHERE = ["lookhere"]
+ROBOT, MULT = "attention.windows=robot", "attention.mask_mode=multiplicative"
+LABELS = {("full", ""): "full", ("fibottention", ""): "Fibottention", ("fibottention", ROBOT): "Fibottention (robot windows)",
+          ("fibottention", MULT): "Fibottention (multiplicative mask)", ("lookhere", ""): "LookHere-90",
+          ("lookhere", "attention.variant=45"): "LookHere-45", ("bigbird", ""): "BigBird"}
+ARMS = {"fib": [("fibottention", ""), ("fibottention", ROBOT)], "lookhere": [("lookhere", "")], "bigbird": [("bigbird", "")]}
+# Issue 31 item 4, beside the rows of the authors' two settings; every line number below was read, not assumed
+AUTHORS_CODE = (
+    "† **The authors' robot code trains full attention on a current stack.** In Charlotte-CharMLab/Fibottention (commit "
+    "adf9919), `robot_learning/diffusion_policy/model/vision/vision_transformer.py`, `Attention.__init__` sets `self.fused_attn = "
+    "use_fused_attn()` (line 171); `Attention.forward` (line 182) applies the Fibottention mask only in its `else:` branch (line "
+    "194; the mask multiplies the logits at line 212), while its `if self.fused_attn:` branch (lines 189-193) calls "
+    "`F.scaled_dot_product_attention(q, k, v, dropout_p=...)` with no mask (timm's own `Attention.forward`, `timm/layers/"
+    "attention.py` lines 123-129 in timm 1.0.31, passes its `attn_mask` there). Their environment pins `pytorch=1.12.1` "
+    "(`robot_learning/conda_environment.yaml`, line 11), which has no `scaled_dot_product_attention`, so there the mask applies. "
+    "On torch 2.x timm's `use_fused_attn()` is true unless `TIMM_FUSED_ATTN=0` (timm 1.0.31, `timm/layers/config.py` lines 31-35 "
+    "and 137-143), so the same code trains full attention. The rows marked † here run this package's attention, which applies "
+    "the mask on every path.")
 
 
-def _counts(row: dict) -> list[list[int]]:
-    """(k, n) per seed of a main / data-efficiency row (rows written before ``counts`` existed: from the rates)."""
-    if "counts" in row:
-        return row["counts"]
-    per = row["episodes"] // len(row["per_seed"])
-    return [[round(r * per), per] for r in row["per_seed"]]
+def outcomes(recs: list[Record]) -> list[np.ndarray]:
+    """Each seed's 0/1 episode outcomes, in seed order (the bootstrap draws seed by seed)."""
+    return [np.r_[np.ones(r.successes), np.zeros(r.episodes - r.successes)] for r in sorted(recs, key=lambda r: r.seed)]
 
 
-def _rows(results: Path, study: str, task: str, policy: str, extra: str = "") -> list[dict]:
-    """Rows of ``study`` whose extra overrides are ``extra`` (default: the recipe's own cells), save the
-    training length, which has a column of its own."""
-    path = results / study / "results.json"
-    rows = json.loads(path.read_text())["rows"] if path.exists() else []
-    return [r for r in rows if r.get("task") == task and r.get("policy") == policy
-            and [o for o in (r.get("extra") or "").split() if not o.startswith("train.steps=")] == extra.split()]
+def rows_of(records: list[Record]) -> dict[tuple, list[Record]]:
+    return {row: [r for r in records if r.row == row] for row in dict.fromkeys(r.row for r in records)}
 
 
-def _best(rows: list[dict], **match) -> dict | None:
-    """The row of ``match`` with the most seeds (the current measurement; older single-seed rows stay in the tables)."""
-    found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-    return max(found, key=seed_count, default=None)
+def baseline_row(row: tuple) -> tuple:
+    """Full attention's row: same task, policy, steps, overrides less ``attention.*``, condition less ``key=value``s."""
+    task, policy, _, steps, extra, condition = row
+    return (task, policy, "full", steps, " ".join(w for w in extra.split() if not w.startswith("attention.")),
+            " ".join(w for w in condition.split() if "=" not in w))
 
 
-def _claim(claim: str, attention: str) -> str:
-    """The claims column: which paper claims it; BigBird is the sparse baseline, which claims nothing."""
-    if attention == "bigbird":
-        return f"{claim}: sparse baseline (BigBird; no claim)"
-    return f"{claim} ({'Fibottention' if attention.startswith('fib') else 'LookHere'})"
+def pct(d: Estimate, sign=True) -> str:
+    f = "{:+.0f}" if sign else "{:.0f}"
+    return f"{f.format(100 * d.mean)} [{f.format(100 * d.lo)}, {f.format(100 * d.hi)}]"
 
 
-def _as_baseline(attention: str, result: dict | None) -> dict | None:
-    """A row of the sparse baseline claims nothing: its verdict says only which side of full attention it is on."""
-    if attention != "bigbird" or not result:
-        return result
-    side = {"supported": "better than full attention", "contradicted": "worse than full attention"}
-    return {**result, "verdict": next((result["verdict"].replace(k, v) for k, v in side.items() if result["verdict"].startswith(k)),
-                                      result["verdict"])}
+def table_row(row: tuple, recs: list[Record], rows: dict) -> list[str]:
+    est = bootstrap_rate(outcomes(recs))
+    per_seed = "/".join(f"{100 * o.mean():.0f}" for o in outcomes(recs)) if len(recs) > 1 else f"{recs[0].successes}/{recs[0].episodes}"
+    base = rows.get(baseline_row(row))
+    diff = pct(bootstrap_difference(outcomes(recs), outcomes(base))) if base and baseline_row(row) != row else ""
+    cov = f"{sum(r.coverage * r.episodes for r in recs) / sum(r.episodes for r in recs):.3f}" if None not in [r.coverage for r in recs] else ""
+    secs = [r.train_seconds for r in recs if r.train_seconds]
+    return [*row, len(recs), f"{pct(est, False).replace(' [', '% [', 1)} ({per_seed})", diff, cov, f"{np.mean(secs) / 60:.1f}" if secs else ""]
 
 
-def compare(a: list, b: list, claim_sign: int = 1) -> dict:
-    """Mean of ``a`` minus mean of ``b`` ((k, n) per seed each), with interval, seeds and verdict."""
-    oa, ob = outcomes_from_counts(a), outcomes_from_counts(b)
+def study_table(study: str, records: list[Record]) -> str:
+    rows = rows_of(records)
+    order = sorted(rows, key=lambda r: (*map(str, r[:5]), r[5] != "clean", r[5]))
+    return (f"# {study}\n\nWritten by `python -m studies.claims` from [records.jsonl](records.jsonl) ({len(records)} evaluations). "
+            "Success: mean over seeds of each seed's rate, 95% interval from a bootstrap over seeds, then episodes; per-seed rates "
+            "in brackets (k/n for one seed). Difference: to full attention's row, in points (docs/studies.md).\n\n" + markdown(
+                ["task", "policy", "attention", "steps", "extra overrides", "condition", "seeds", "success [95% CI] (per seed)",
+                 "− full (points) [95% CI]", "mean max coverage", "train minutes / seed"], [table_row(r, rows[r], rows) for r in order]) + "\n")
+
+
+def best(rows: dict, task, policy, attention, extra, condition, steps=None) -> list[Record] | None:
+    """The matching row with the most seeds (older single-seed rows stay in the tables); ``extra`` less ``train.steps``."""
+    found = [recs for (t, p, a, s, e, c), recs in rows.items() if (t, p, a, c) == (task, policy, attention, condition)
+             and [w for w in e.split() if not w.startswith("train.steps=")] == extra.split() and steps in (None, s)]
+    return max(found, key=len, default=None)
+
+
+def compare(a: list[Record], b: list[Record], claim_sign: int = 1) -> dict:
+    """Mean of ``a`` minus mean of ``b``, with interval, seeds and verdict."""
+    oa, ob = outcomes(a), outcomes(b)
     d = bootstrap_difference(oa, ob)
-    ra, rb = bootstrap_rate(oa), bootstrap_rate(ob)
-    return {"effect": f"{100 * d.mean:+.0f} [{100 * d.lo:+.0f}, {100 * d.hi:+.0f}] points",
-            "rates": f"{ra.fmt()} vs {rb.fmt()}", "seeds": f"{len(a)} vs {len(b)}",
-            "diff": d.mean, "ci95": [d.lo, d.hi], "verdict": _verdict(d, claim_sign, min(len(a), len(b)))}
+    return {"effect": f"{pct(d)} points", "rates": f"{bootstrap_rate(oa).fmt()} vs {bootstrap_rate(ob).fmt()}",
+            "seeds": f"{len(a)} vs {len(b)}", "diff": d.mean, "ci95": [d.lo, d.hi],
+            "verdict": _verdict(d, claim_sign, min(len(a), len(b)))}
 
 
 def _verdict(diff, claim_sign: int, seeds: int) -> str:
@@ -84,126 +103,134 @@ def _verdict(diff, claim_sign: int, seeds: int) -> str:
     return v if seeds >= 3 or v == "not resolved at this scale" else f"{v} on {seeds} seed{'s' * (seeds > 1)} (fewer than 3)"
 
 
+def spaced(condition: str) -> str:  # brightness1 -> brightness 1
+    return re.sub(r"(\d)$", r" \1", condition)
+
+
+def _label(a: str, e: str) -> str:
+    return LABELS[(a, e)] + (" †" if e in (ROBOT, MULT) else "")
+
+
 def claims(results: Path, task: str, policy: str) -> list[dict]:
     out = []
+    side = {"supported": "better than full attention", "contradicted": "worse than full attention"}
 
-    def add(claim, measurement, result):
+    def add(claim, measurement, result, attention=""):
+        """One row; the sparse baseline (BigBird) claims nothing: its verdict says only which side of full attention it is on."""
+        if attention:
+            claim += ": sparse baseline (BigBird; no claim)" if attention == "bigbird" else \
+                f" ({'Fibottention' if attention.startswith('fib') else 'LookHere'})"
+        if attention == "bigbird" and result:
+            v = result["verdict"]
+            result = {**result, "verdict": next((v.replace(k, w, 1) for k, w in side.items() if v.startswith(k)), v)}
         out.append({"claim": claim, "measurement": measurement, **(result or {"effect": "not measured yet", "verdict": "—"})})
 
-    main = _rows(results, "main", task, policy)
-    full = _best(main, attention="full")
-    main = [r for r in main if full and r.get("steps") == full.get("steps")]  # rows trained as long as the baseline
-    for a in FIB + LOOKHERE + ["bigbird"]:
-        row = _best(main, attention=a)
-        add(_claim("Better task success", a), f"{task} {policy}, clean, {LABELS[a]} − full",
-            _as_baseline(a, compare(_counts(row), _counts(full)) if row and full else None))
-    eff = _rows(results, "data_efficiency", task, policy)
-    for n in sorted({r["demos"] for r in eff}):
-        base = _best(eff, attention="full", demos=n)
+    main = rows_of(load(results, "main"))
+    steps = (full := best(main, task, policy, "full", "", "clean")) and full[0].steps
+    for a, e in ARMS["fib"] + ARMS["lookhere"] + ARMS["bigbird"]:
+        row = best(main, task, policy, a, e, "clean", steps)
+        add("Better task success", f"{task} {policy}, clean, {_label(a, e)} − full", compare(row, full) if row and full else None, a)
+    eff = rows_of(load(results, "data_efficiency"))
+    for n in sorted({int(w.split("=")[1]) for row in eff for w in row[4].split() if w.startswith("train.max_episodes=")}):
+        base = best(eff, task, policy, "full", f"train.max_episodes={n}", "clean")
         for a in ["fibottention", "lookhere"]:
-            row = _best(eff, attention=a, demos=n)
-            add(f"Better with scarce data ({'Fibottention' if a in FIB else 'LookHere'})",
-                f"{task} {policy}, {n} demonstrations, {LABELS[a]} − full",
-                compare(_counts(row), _counts(base)) if row and base else None)
-    rob = _rows(results, "robustness", task, policy)
-    base = _best(rob, attention="full")
-    for a in FIB + ["fibottention:mask_mode=multiplicative"] + LOOKHERE + ["bigbird"]:
-        row = _best(rob, attention=a)
-        for name in (row or {}).get("counts", {}):
-            if name != "clean" and base and name in base.get("counts", {}):
-                add(_claim("More robust to corruptions", a),
-                    f"{task} {policy}, {name.replace('_', ' ')}, {LABELS[a]} − full",
-                    _as_baseline(a, compare(row["counts"][name], base["counts"][name])))
-    res = _rows(results, "resolution", task, policy)
-    base = _best(res, attention="full")
-    before = len(out)
-    for a in ["lookhere", "lookhere (s_g scaled)"]:
-        row = _best(res, attention=a)
-        for size in (row or {}).get("counts", {}):
-            if base and size in base.get("counts", {}) and int(size) != min(int(s) for s in row["counts"]):
-                add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered at {size} px, {a} − full",
-                    compare(row["counts"][size], base["counts"][size]))
-    if len(out) == before:  # resolution rows written before the tables kept per-seed counts hold rates only
+            row = best(eff, task, policy, a, f"train.max_episodes={n}", "clean")
+            add("Better with scarce data", f"{task} {policy}, {n} demonstrations, {LABELS[(a, '')]} − full",
+                compare(row, base) if row and base else None, a)
+    rob = rows_of(load(results, "robustness"))
+    conditions = sorted({row[5] for row in rob} - {"clean"})
+    for a, e in ARMS["fib"] + [("fibottention", MULT)] + ARMS["lookhere"] + ARMS["bigbird"]:
+        for c in conditions:
+            row, base = best(rob, task, policy, a, e, c), best(rob, task, policy, "full", "", c)
+            if row and base:
+                add("More robust to corruptions", f"{task} {policy}, {spaced(c)}, {_label(a, e)} − full", compare(row, base), a)
+    res = rows_of(load(results, "resolution"))
+    larger = sorted({tuple(row[5].split()) for row in res if row[5][0].isdigit()}, key=lambda c: (len(c) > 1, int(c[0][:-2])))
+    for c in [c for c in larger if all(w.startswith("global_slope=") for w in c[1:])]:
+        row, base = best(res, task, policy, "lookhere", "", " ".join(c)), best(res, task, policy, "full", "", c[0])
+        if row and base:
+            add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered at {c[0][:-2]} px, "
+                f"lookhere{' (s_g scaled)' * (len(c) > 1)} − full", compare(row, base))
+    if not any(r["claim"].startswith("Extrapolates") for r in out):
         add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered larger than in training, LookHere − full", None)
-    path = results / "diversity" / "results.json"
-    div = [r for r in (json.loads(path.read_text())["rows"] if path.exists() else [])
-           if r.get("task") == task and r.get("policy") == policy]
-    for r in div:
-        if "diff" in r:
-            seeds = len(r.get("values", [1]))
-            d = Estimate(r["diff"], *r["diff_ci95"], seeds, 0)
-            add(f"More diverse heads ({'Fibottention' if r['attention'].startswith('fib') else 'LookHere'})",
-                f"{task} {policy}, 1 − mean pairwise CKA of the heads' outputs, {LABELS.get(r['attention'], r['attention'])} − full",
-                {"effect": r["diff_text"], "rates": f"{r['diversity']} (per seed {r['per_seed']})", "seeds": str(seeds),
-                 "verdict": _verdict(d, 1, seeds)})
-    sparse, dense_mask = _best(main, attention="fibottention"), _best(main, attention="fibottention:mask_mode=multiplicative")
+    out += diversity(results, task, policy)
+    sparse, dense = best(main, task, policy, "fibottention", "", "clean", steps), best(main, task, policy, "fibottention", MULT, "clean", steps)
     add("The gain needs the sparsity (Fibottention)", f"{task} {policy}, clean, Fibottention − the same with the public "
-        "code's multiplicative mask", compare(_counts(sparse), _counts(dense_mask)) if sparse and dense_mask else None)
+        "code's multiplicative mask †", compare(sparse, dense) if sparse and dense else None)
+    return out
+
+
+def diversity(results: Path, task: str, policy: str) -> list[dict]:
+    """Head diversity rows from ``results/diversity/results.json`` (one value per seed, not an evaluation)."""
+    path = results / "diversity" / "results.json"
+    out = []
+    for r in json.loads(path.read_text())["rows"] if path.exists() else []:
+        if (r["task"], r["policy"]) != (task, policy) or "diff" not in r:
+            continue
+        kind, *parts = r["attention"].split(":")  # labels of the studies of that time: "fibottention:windows=robot"
+        extra, seeds = " ".join(f"attention.{p}" for p in parts), len(r["values"])
+        out.append({"claim": f"More diverse heads ({'Fibottention' if kind.startswith('fib') else 'LookHere'})",
+                    "measurement": f"{task} {policy}, 1 − mean pairwise CKA of the heads' outputs, {_label(kind, extra)} − full",
+                    "effect": r["diff_text"], "rates": f"{r['diversity']} (per seed {r['per_seed']})", "seeds": str(seeds),
+                    "verdict": _verdict(Estimate(r["diff"], *r["diff_ci95"], seeds, 0), 1, seeds)})
     return out
 
 
 def per_image(results: Path, task: str, policy: str) -> list[dict]:
-    """Each encoder trained on per-image standardised input, per robustness condition, against full
-    attention (the recipe), against itself on the recipe's input, and against full attention on the same input."""
-    recipe, fixed = _rows(results, "robustness", task, policy), _rows(results, "robustness", task, policy, PER_IMAGE)
+    """Per-image input per condition, against full attention, itself on the recipe's input, full attention per-image."""
+    rob = rows_of(load(results, "robustness"))
     out = []
     for a in ["full", "fibottention"]:
-        row = _best(fixed, attention=a)
-        # full attention's "itself" is the first column, and its own per-image row the row itself
-        against = {"full attention": _best(recipe, attention="full"),
-                   "itself without": _best(recipe, attention=a) if a != "full" else None,
-                   "full attention, per-image": _best(fixed, attention="full") if a != "full" else None}
-        for name, counts in (row or {}).get("counts", {}).items():
-            out.append({"encoder": LABELS[a], "condition": name.replace("_", " "), "seeds": len(counts),
-                        "success": bootstrap_rate(outcomes_from_counts(counts)).fmt(),
-                        **{k: compare(counts, r["counts"][name])["effect"] if r and name in r["counts"] else "—"
-                           for k, r in against.items()}})
+        for c in sorted({row[5] for row in rob}, key=lambda c: (c != "clean", c)):
+            row = best(rob, task, policy, a, PER_IMAGE, c)
+            against = {"full attention": best(rob, task, policy, "full", "", c),
+                       "itself without": best(rob, task, policy, a, "", c) if a != "full" else None,
+                       "full attention, per-image": best(rob, task, policy, "full", PER_IMAGE, c) if a != "full" else None}
+            if row:
+                out.append({"encoder": LABELS[(a, "")], "condition": spaced(c), "seeds": len(row),
+                            "success": bootstrap_rate(outcomes(row)).fmt(),
+                            **{k: compare(row, r)["effect"] if r else "—" for k, r in against.items()}})
     return out
 
 
-def per_image_table(rows: list[dict]) -> str:
-    lines = ["| encoder, per-image input | condition | seeds | success, mean [95% CI] | − full attention (recipe input) "
-             "| − itself on the recipe input | − full attention, per-image input |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['encoder']} | {r['condition']} | {r['seeds']} | {r['success']} | {r['full attention']} "
-                     f"| {r['itself without']} | {r['full attention, per-image']} |")
-    return "\n".join(lines)
-
-
-def table(rows: list[dict]) -> str:
-    lines = ["| claim (paper) | measurement | value, mean [95% CI] (success, or head diversity) | effect [95% CI] | seeds | verdict |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['claim']} | {r['measurement']} | {r.get('rates', '')} | {r['effect']} | {r.get('seeds', '')} | {r['verdict']} |")
-    return "\n".join(lines)
+def markdown(header: list[str], rows: list[list]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
 
 
 def write(md: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Put ``text`` between the markers of ``md`` (appended with them if absent), by a rename."""
-    old = md.read_text() if md.exists() else ""
-    block = f"{begin}\n{text}\n{end}"
-    new = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, old, flags=re.S) if begin in old \
-        else old + ("\n" if old else "") + block + "\n"
-    tmp = md.with_name(f".{md.name}.tmp")
-    tmp.write_text(new)
-    tmp.replace(md)
+    """Put ``text`` between the markers of ``md`` (appended with them if absent)."""
+    old, block = md.read_text() if md.exists() else "", f"{begin}\n{text}\n{end}"
+    replace_file(md, re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, old, flags=re.S) if begin in old
+                 else old + ("\n" if old else "") + block + "\n")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m studies.claims", description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="results")
     parser.add_argument("--task", default="lift")
     parser.add_argument("--policy", default="bc")
-    parser.add_argument("--results", default="results")
     args = parser.parse_args(argv)
     results = Path(args.results)
+    from studies.catalog import STUDIES
+
+    for study in sorted({*STUDIES, *(p.parent.name for p in results.glob("*/records.jsonl"))}):
+        if records := load(results, study):
+            replace_file(results / study / "table.md", study_table(study, records))
+        print(f"{study}: {len(records)} records -> {results / study / 'table.md'}" if records else
+              f"{study}: nothing evaluated yet (no records in {results / study / 'records.jsonl'}); no table written")
     rows = claims(results, args.task, args.policy)
-    text = table(rows)
-    write(results / "claims.md", text)
+    text = markdown(["claim (paper)", "measurement", "value, mean [95% CI] (success, or head diversity)", "effect [95% CI]",
+                     "seeds", "verdict"], [[r["claim"], r["measurement"], r.get("rates", ""), r["effect"], r.get("seeds", ""),
+                                            r["verdict"]] for r in rows])
+    write(results / "claims.md", text + "\n\n" + AUTHORS_CODE)
     fixed = per_image(results, args.task, args.policy)
     if fixed:
-        write(results / "claims.md", per_image_table(fixed), FIX_BEGIN, FIX_END)
-    (results / "claims.json").write_text(json.dumps({"task": args.task, "policy": args.policy, "rows": rows,
-                                                     "per_image": fixed}, indent=2))
+        write(results / "claims.md", markdown(
+            ["encoder, per-image input", "condition", "seeds", "success, mean [95% CI]", "− full attention (recipe input)",
+             "− itself on the recipe input", "− full attention, per-image input"], [list(r.values()) for r in fixed]),
+            FIX_BEGIN, FIX_END)
+    replace_file(results / "claims.json", json.dumps({"task": args.task, "policy": args.policy, "rows": rows, "per_image": fixed},
+                                                     indent=2) + "\n")
     print(text)
     return rows
 

@@ -1,15 +1,11 @@
 """Head diversity: how different are the heads of an encoder (both papers argue diverse heads help)?
 
-Score per layer = 1 - mean pairwise linear CKA between the heads' outputs on a batch of
-observations (features: every token of every image). Identical heads give CKA 1, so the
-degenerate value is a diversity of 0; orthogonal representations approach 1.
+Score per layer = 1 - mean pairwise linear CKA between the heads' outputs (every token of every image):
+identical heads give 0, orthogonal ones approach 1. ``python -m studies.feature_shift`` reports it per block.
 """
 from __future__ import annotations
 
-import math
-
 import torch
-
 
 
 def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -29,38 +25,3 @@ def head_diversity(per_head: torch.Tensor) -> dict:
     off = [cka[i][j] for i in range(h) for j in range(h) if i != j]
     mean = sum(off) / len(off) if off else 1.0
     return {"diversity": 1.0 - mean, "mean_cka": mean, "cka": cka}
-
-
-def _capture(vit, images: torch.Tensor) -> list[dict]:
-    attns = [blk.attn for blk in vit.blocks]
-    for a in attns:
-        a.capture = True
-    try:
-        with torch.no_grad():
-            vit(images)
-        return [a.captured for a in attns]
-    finally:
-        for a in attns:
-            a.capture = False
-            a.captured = None
-
-
-def encoder_diversity(vit, images: torch.Tensor) -> list[dict]:
-    """Per layer head-diversity of a ViT on images (B, C, H, W) in [0, 1]."""
-    return [head_diversity(c["out"]) for c in _capture(vit, images)]
-
-
-def attention_maps(vit, image: torch.Tensor) -> torch.Tensor:
-    """Each head's attention from the CLS token (or the centre patch) to the patches of one image
-    (1, C, H, W): returns (layers, heads, gh, gw) weights."""
-    maps = []
-    for layer, c in enumerate(_capture(vit, image)):
-        q, k, grid, prefix = c["q"], c["k"], c["grid"], c["num_prefix"]
-        scores = q[0] @ k[0].transpose(-2, -1) / math.sqrt(q.shape[-1])  # (heads, N, N)
-        bias = vit.blocks[layer].attn.dense_bias(grid, prefix, q.device)  # (1, heads, N, N) or None
-        if bias is not None:
-            scores = scores + bias[0]
-        weights = scores.softmax(-1)
-        query = 0 if prefix else (grid[0] // 2) * grid[1] + grid[1] // 2
-        maps.append(weights[:, query, prefix:].reshape(-1, *grid))  # (heads, gh, gw)
-    return torch.stack(maps)

@@ -5,8 +5,8 @@
 For each checkpoint's first camera ViT, on dataset frames clean and corrupted, the relative
 change ``||f(x') - f(x)|| / ||f(x)||`` (mean over frames) of every stage: the patch embedding,
 after the position embedding, the CLS and the patch tokens after each block, each head's attention
-output, and the encoder's output feature; plus the patch queries' attention mass on CLS. A stage
-whose change grows from the one before is where the shift is amplified.
+output, and the encoder's output feature; plus the patch queries' attention mass on CLS and each block's
+head diversity (``studies.diversity``), clean -> corrupted. A stage whose change grows is where the shift is amplified.
 """
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from core.config import TaskConfig, from_dict
 from datasets.factory import make_dataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
 from policies.obs_encoder import crop_images
-from envs.corruptions import CORRUPTIONS, corrupt
+from envs.corruptions import corrupt, parse_corruptions
+from studies.diversity import head_diversity
+from studies.records import replace_file
 
 
 def relative_change(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -50,7 +52,7 @@ def stages(vit, x: torch.Tensor) -> dict[str, torch.Tensor]:
         t = block(t, grid, p)
         block.attn.capture = False
         cap = block.attn.captured
-        heads = cap["out"]  # (B, heads, N, head_dim)
+        heads = out[f"block{i}.heads"] = cap["out"]  # (B, heads, N, head_dim)
         for h in range(heads.shape[1]):
             out[f"block{i}.head{h}.patch_out"] = heads[:, h, p:]
         if p:
@@ -93,6 +95,9 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
     for name in a:
         if name.endswith("cls_mass"):
             rows[name] = {"clean": float(a[name].mean()), "corrupted": float(b[name].mean())}
+        elif name.endswith(".heads"):  # 1 - mean pairwise CKA of the heads' outputs on every token
+            rows[f"{name[:-6]}.head_diversity"] = {"clean": head_diversity(a[name])["diversity"],
+                                                    "corrupted": head_diversity(b[name])["diversity"]}
         else:
             rows[name] = relative_change(a[name], b[name])
     return {"checkpoint": str(checkpoint), "attention": meta["policy_config"]["vit"]["attention"]["kind"],
@@ -100,17 +105,15 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
 
 
 def corruption(text: str) -> tuple[str, int]:
-    """argparse type of ``KIND:SEVERITY`` (a corruption of ``studies.corruptions``, severity 0-3)."""
-    kind, _, severity = text.partition(":")
-    if kind not in CORRUPTIONS or severity not in ("0", "1", "2", "3"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not KIND:SEVERITY with KIND one of {', '.join(CORRUPTIONS)} "
-                                         "and SEVERITY 0-3 (e.g. contrast:2)")
-    return kind, int(severity)
+    """argparse type of ``KIND:SEVERITY`` (``envs.corruptions``)."""
+    try:
+        return parse_corruptions(text)[0]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def measure_all(argv, prog: str, doc: str, measure) -> tuple[argparse.Namespace, list[dict]]:
-    """The command line the encoder analyses share: parse it and ``measure`` every checkpoint; a missing
-    or wrong checkpoint ends in one line."""
+    """The analyses' command line: ``measure`` every checkpoint; a missing or wrong one ends in one line."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     parser.add_argument("checkpoints", nargs="+")
     parser.add_argument("--frames", type=int, default=48)
@@ -127,12 +130,9 @@ def measure_all(argv, prog: str, doc: str, measure) -> tuple[argparse.Namespace,
 
 
 def save(args, results: list[dict]) -> list[dict]:
-    """``--json``: the results, written to a temporary name and renamed."""
+    """``--json``: the results, written whole or not at all."""
     if args.json:
-        path = Path(args.json)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(results, indent=2))
-        tmp.replace(path)
+        replace_file(Path(args.json), json.dumps(results, indent=2))
     return results
 
 

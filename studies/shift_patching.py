@@ -2,13 +2,10 @@
 
     python -m studies.shift_patching CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
 
-The encoder (first camera ViT) runs on corrupted frames while one component's output is restored
-to what it was on the clean frames: one head's attention output, one block's whole attention or
-MLP, or every block's attention or MLP at once. The output feature then moves by
-``r = ||f(clean) - f(corrupted, component restored)|| / ||f(clean)||`` against ``r0`` with nothing
-restored; ``1 - r / r0`` is the share of the output's change that passes through that component
-(everything downstream of it included). ``studies.feature_shift`` measures how large the change
-is at each stage; this says which path it takes.
+The first camera's ViT runs on corrupted frames with one component's output (a head, a block's attention
+or MLP, every block's) restored to its value on the clean frames. With ``r = ||f(clean) - f(corrupted,
+restored)|| / ||f(clean)||`` and ``r0`` with nothing restored, ``1 - r / r0`` is the share of the output's
+change that passes through that component, everything downstream included.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Comparisons that account for both sources of noise: training seeds and evaluation episodes.
-
-A success rate from one checkpoint is a draw from two lotteries: the training run (seed) and the
-initial states it is evaluated on. ``bootstrap_rate`` resamples seeds with replacement and then,
-inside each drawn seed, its episodes with replacement, so the interval widens when seeds disagree.
-``bootstrap_difference`` does so for two methods independently (different trainings) and gives the
-interval of the difference of their mean rates. With a single seed the interval reflects episodes only.
+A success rate is a draw from two lotteries (training seed, initial states). ``bootstrap_rate`` resamples
+seeds, then each drawn seed's episodes, so the interval widens when seeds disagree; ``bootstrap_difference``
+does so for two methods independently. With one seed the interval reflects episodes only.
 """
 from __future__ import annotations
 
@@ -21,9 +18,8 @@ class Estimate:
     seeds: int
     episodes: int  # in all
 
-    def fmt(self, pct: bool = True) -> str:
-        s = 100 if pct else 1
-        return f"{s * self.mean:.0f}% [{s * self.lo:.0f}, {s * self.hi:.0f}]" if pct else f"{self.mean:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
+    def fmt(self) -> str:
+        return f"{100 * self.mean:.0f}% [{100 * self.lo:.0f}, {100 * self.hi:.0f}]"
 
 
 def _draws(per_seed: list[np.ndarray], n_boot: int, rng: np.random.Generator) -> np.ndarray:
@@ -57,19 +53,8 @@ def bootstrap_difference(a: list[np.ndarray], b: list[np.ndarray], n_boot: int =
     return Estimate(mean, float(lo), float(hi), min(len(a), len(b)), int(sum(map(len, a)) + sum(map(len, b))))
 
 
-def bootstrap_mean_difference(a, b, n_boot: int = 10000, seed: int = 0) -> Estimate:
-    """Mean of ``a`` minus mean of ``b``, one value per training seed each (e.g. a head-diversity
-    score), with a 95% interval from resampling the seeds of each independently."""
-    rng = np.random.default_rng(seed)
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    draws = rng.choice(a, (n_boot, len(a))).mean(1) - rng.choice(b, (n_boot, len(b))).mean(1)
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    return Estimate(float(a.mean() - b.mean()), float(lo), float(hi), min(len(a), len(b)), 0)
-
-
 def verdict(diff: Estimate, claim_sign: int = 1) -> str:
-    """'supported' if the interval excludes 0 on the claimed side, 'contradicted' if on the other,
-    else 'not resolved at this scale'."""
+    """'supported' / 'contradicted': the interval excludes 0 on the claimed / the other side; else 'not resolved at this scale'."""
     if claim_sign * diff.lo > 0 or claim_sign * diff.hi < 0:
         return "supported" if claim_sign * diff.mean > 0 else "contradicted"
     return "not resolved at this scale"

@@ -67,8 +67,8 @@ def test_action_shift_sees_no_change_without_a_corruption_and_reads_the_rollouts
     same = measure(run, 6, "brightness", 0)
     assert same["action_change"] == same["action_bias"] == same["gripper_flips"] == same["feature_change"] == 0.0
     assert same["action_error"]["clean"] == same["action_error"]["corrupted"] > 0 and same["rollout_success"] is None
-    (run / "evals").mkdir()
-    (run / "evals" / "contrast_2.json").write_text(json.dumps({"success_rate": 0.4}))
+    (run / "eval" / "contrast2").mkdir(parents=True)  # where the robustness study's setting contrast2 writes it
+    (run / "eval" / "contrast2" / "summary.json").write_text(json.dumps({"success_rate": 0.4}))
     moved = measure(run, 6, "contrast", 2)
     assert moved["action_change"] > 0 and moved["feature_change"] > 0 and moved["rollout_success"] == 0.4
     assert spearman([1, 2, 3, 4], [8, 6, 4, 2]) == pytest.approx(-1.0) and spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.866, abs=1e-3)

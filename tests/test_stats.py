@@ -35,22 +35,22 @@ def test_difference_interval_and_verdicts():
         bootstrap_rate([np.array([])])
 
 
-def _write(root, study, rows):
-    (root / study).mkdir(parents=True)
-    (root / study / "results.json").write_text(json.dumps({"rows": rows}))
+def _records(root, study, rows):
+    """rows: (attention, extra, condition, [(successes, episodes) per seed])."""
+    from studies.records import Record, save
+
+    save(root, study, [Record("lift", "bc", a, 4000, extra, seed, cond, k, n)
+                       for a, extra, cond, counts in rows for seed, (k, n) in enumerate(counts)])
 
 
 def test_the_claims_table_compares_each_method_with_full_attention_and_keeps_the_prose(tmp_path):
-    from studies.claims import BEGIN, END, main
+    from studies.claims import BEGIN, END, MULT, main
 
-    row = lambda a, counts, **kw: {"task": "lift", "policy": "bc", "attention": a, "extra": "", **kw,  # noqa: E731
-                                   "counts": counts, "per_seed": [k / n for k, n in counts]}
-    _write(tmp_path, "main", [row("full", [[50, 50]] * 3), row("fibottention", [[49, 50], [50, 50], [48, 50]]),
-                              row("fibottention", [[50, 50]]),  # an older single-seed row: the 3-seed one is used
-                              row("lookhere", [[25, 50]] * 3), row("fibottention:mask_mode=multiplicative", [[40, 50]])])
-    _write(tmp_path, "robustness", [{**row("full", []), "counts": {"clean": [[50, 50]] * 3, "brightness_1": [[30, 30]] * 3}},
-                                    {**row("fibottention", []), "counts": {"clean": [[50, 50]] * 3, "brightness_1": [[3, 30]] * 3}},
-                                    {**row("bigbird", []), "counts": {"clean": [[50, 50]] * 3, "brightness_1": [[3, 30]] * 3}}])
+    _records(tmp_path, "main", [("full", "", "clean", [(50, 50)] * 3), ("fibottention", "", "clean", [(49, 50), (50, 50), (48, 50)]),
+                                ("fibottention", "train.steps=4000", "clean", [(50, 50)]),  # fewer seeds: the 3-seed row is used
+                                ("lookhere", "", "clean", [(25, 50)] * 3), ("fibottention", MULT, "clean", [(40, 50)])])
+    _records(tmp_path, "robustness", [(a, "", c, [(k, n)] * 3) for a, bright in [("full", 30), ("fibottention", 3), ("bigbird", 3)]
+                                      for c, k, n in [("clean", 50, 50), ("brightness1", bright, 30)]])
     (tmp_path / "claims.md").write_text(f"# Claims\n\nprose before\n\n{BEGIN}\nold table\n{END}\n\nprose after\n")
     rows = {r["measurement"]: r for r in main(["--results", str(tmp_path)])}
     fib = rows["lift bc, clean, Fibottention − full"]
@@ -60,23 +60,27 @@ def test_the_claims_table_compares_each_method_with_full_attention_and_keeps_the
     # the sparse baseline claims nothing: its verdict names the side of full attention, not a claim's fate
     assert rows["lift bc, brightness 1, Fibottention − full"]["verdict"] == "contradicted"
     assert rows["lift bc, brightness 1, BigBird − full"]["verdict"] == "worse than full attention"
-    assert rows["lift bc, clean, Fibottention (robot windows) − full"]["effect"] == "not measured yet"
-    sparsity = rows["lift bc, clean, Fibottention − the same with the public code's multiplicative mask"]
+    assert rows["lift bc, clean, Fibottention (robot windows) † − full"]["effect"] == "not measured yet"
+    sparsity = rows["lift bc, clean, Fibottention − the same with the public code's multiplicative mask †"]
     assert sparsity["diff"] == pytest.approx(0.98 - 0.8) and sparsity["verdict"] == "supported on 1 seed (fewer than 3)"
     md = (tmp_path / "claims.md").read_text()
     assert md.startswith("# Claims\n\nprose before") and md.rstrip().endswith("prose after") and "old table" not in md
     assert md.count(BEGIN) == 1 and "| More robust to corruptions (Fibottention) |" in md
+    assert "trains full attention on a current stack" in md and "line 171" in md  # issue 31's note beside the † rows
+    # every study table from the records; a study with none says so and writes nothing
+    assert "| lift | bc | fibottention | 4000 |  | brightness1 | 3 | 10% [3, 19] (10/10/10) | -90 [-97, -81] |" in \
+        (tmp_path / "robustness" / "table.md").read_text()
+    assert not (tmp_path / "resolution").exists()
 
 
 def test_the_per_image_table_compares_the_fix_with_both_baselines_and_its_own_encoder(tmp_path):
     from studies.claims import FIX_BEGIN, PER_IMAGE, main
 
-    def row(a, extra, clean, bright):
-        return {"task": "lift", "policy": "bc", "attention": a, "extra": extra,
-                "counts": {"clean": [[clean, 50]] * 3, "brightness_1": [[bright, 30]] * 3}}
-    _write(tmp_path, "robustness", [row("full", "", 50, 30), row("fibottention", "", 50, 3),
-                                    row("fibottention", f"{PER_IMAGE} train.steps=4000", 45, 27),
-                                    row("full", PER_IMAGE, 50, 30), row("fibottention", "attention.foo=1", 0, 0)])
+    def arm(a, extra, clean, bright):
+        return [(a, extra, "clean", [(clean, 50)] * 3), (a, extra, "brightness1", [(bright, 30)] * 3)]
+    _records(tmp_path, "robustness", [*arm("full", "", 50, 30), *arm("fibottention", "", 50, 3),
+                                      *arm("fibottention", f"{PER_IMAGE} train.steps=4000", 45, 27),
+                                      *arm("full", PER_IMAGE, 50, 30), *arm("fibottention", "attention.foo=1", 0, 0)])
     (tmp_path / "claims.md").write_text("# Claims\n")
     main(["--results", str(tmp_path)])
     fixed = json.loads((tmp_path / "claims.json").read_text())["per_image"]
@@ -88,3 +92,28 @@ def test_the_per_image_table_compares_the_fix_with_both_baselines_and_its_own_en
     assert full["clean"]["full attention, per-image"] == full["clean"]["itself without"] == "—"
     assert full["clean"]["full attention"].startswith("+0 [")
     assert (tmp_path / "claims.md").read_text().count(FIX_BEGIN) == 1
+
+
+def test_each_row_is_compared_with_full_attention_less_its_attention_settings():
+    from studies.claims import baseline_row
+
+    row = ("lift", "bc", "lookhere", 4000, "attention.global_slope=1.0 policy.vit.pool=cls", "112px global_slope=0.75")
+    assert baseline_row(row) == ("lift", "bc", "full", 4000, "policy.vit.pool=cls", "112px")
+    assert baseline_row(("can", "bc", "fibottention", 15000, "", "brightness1")) == ("can", "bc", "full", 15000, "", "brightness1")
+
+
+def test_the_committed_tables_and_claims_are_what_the_committed_records_give(tmp_path):
+    """``python -m studies.claims`` on a fresh clone changes nothing, and a second run changes nothing either."""
+    import shutil
+    from pathlib import Path
+
+    from studies.claims import main
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    written = ["claims.md", "claims.json", *(str(p.relative_to(results).parent / "table.md") for p in results.glob("*/records.jsonl"))]
+    assert len(written) >= 6
+    shutil.copytree(results, tmp_path / "results", ignore=shutil.ignore_patterns("*.png", "cells"))
+    for _ in range(2):
+        main(["--results", str(tmp_path / "results")])
+        for name in written:
+            assert (tmp_path / "results" / name).read_text() == (results / name).read_text(), name

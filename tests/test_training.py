@@ -213,22 +213,3 @@ def test_a_checkpoint_from_before_a_setting_existed_resumes_with_its_default_onl
     with pytest.raises(ValueError, match=r"policy[.]vit[.]input_norm: None -> 'per_image'"):
         train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, extra=["resume=true", "train.steps=3", "policy.vit.input_norm=per_image"]))
     assert train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, extra=["resume=true", "train.steps=3"])).step == 3
-
-
-def test_a_study_cell_stopped_before_its_first_checkpoint_starts_again(tmp_path, tiny_pusht_zarr):
-    from studies import common
-
-    common.set_results(tmp_path / "results")
-    try:
-        cell = common.Cell("pusht", "bc", "full", 0, "none", [f"task.dataset.path={tiny_pusht_zarr}", "train.val_fraction=0.34",
-                                                               "train.steps=2", "train.batch_size=4", "train.checkpoint_every=2",
-                                                               "policy.vit.dim=16", "policy.vit.depth=1", "policy.vit.num_heads=2"])
-        (cell.run_dir / "logs").mkdir(parents=True)
-        (cell.run_dir / "logs" / "train.log").write_text("the job's log so far\n")
-        (cell.run_dir / "config.json").write_text("{}")  # what a run killed in its first steps leaves
-        logged = []
-        assert common.train_cell(cell, log=logged.append) is not None and cell.trained_step() == 2
-        assert logged and "stopped before its first checkpoint" in logged[0]
-        assert (cell.run_dir / "logs" / "train.log").read_text() == "the job's log so far\n"  # logs are kept
-    finally:
-        common.set_results("results")

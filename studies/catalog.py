@@ -1,0 +1,24 @@
+"""The studies, as data: what each trains (``python train_policy.py``) and how it evaluates (``python rollout.py``).
+A grid (tasks x policies x arms x variants x the budget's seeds) and named rollout settings, whose
+``{episodes}``, ``{shifted_episodes}``, ``{workers}`` come from the budget. A new study is one more entry.
+"""
+from studies.study import Study
+
+ENCODERS = ("attention=full", "attention=fibottention", "attention=lookhere")
+# the Fibottention authors' two settings, and the sparse baseline of their paper
+AUTHORS = ("attention=fibottention attention.windows=robot", "attention=fibottention attention.mask_mode=multiplicative",
+           "attention=bigbird")
+CLEAN = "num_episodes={episodes} workers={workers}"
+SHIFTED = "num_episodes={shifted_episodes} workers={workers} max_steps=200"  # no success in 110 such episodes took 80 steps
+CORRUPTED = {"brightness1": f"{SHIFTED} corruption=brightness:1", "contrast2": f"{SHIFTED} corruption=contrast:2"}
+LARGER = {f"{n}px": f"{SHIFTED} image_size={n}" for n in (112, 128)}
+
+STUDIES = {s.name: s for s in [
+    Study("main", tasks=("lift",), policies=("bc",), arms=ENCODERS + AUTHORS, settings={"clean": CLEAN}),
+    Study("data_efficiency", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN},
+          variants=tuple(f"train.steps=2000 train.max_episodes={n}" for n in (10, 25, 50))),
+    Study("robustness", ("lift",), ("bc",), ENCODERS + AUTHORS, {"clean": CLEAN, **CORRUPTED}),
+    Study("resolution", ("lift",), ("bc",), ENCODERS,
+          {"clean": CLEAN, **LARGER, **{f"{k}_slope": f"{v} global_slope={84 / int(k[:-2])}" for k, v in LARGER.items()}},
+          only={"112px_slope": "attention=lookhere", "128px_slope": "attention=lookhere"}),
+]}
