@@ -125,6 +125,15 @@ def test_the_timm_encoder_reads_out_like_our_vit_at_any_size(kind, pool):
     assert torch.isfinite(enc.read_out(tokens, grid)).all()
 
 
+@pytest.mark.parametrize("kind", ["fibottention", "lookhere"])
+def test_the_sparse_path_matches_the_dense_one_in_a_timm_model(kind):
+    dense, sparse = _timm(reg_tokens=1).eval(), _timm(reg_tokens=1).eval()  # the same seed: the same weights
+    swap_attention(dense, AttentionConfig(kind=kind, impl="dense"))
+    swap_attention(sparse, AttentionConfig(kind=kind, impl="sparse"))
+    images = torch.rand(2, 3, CROP, CROP)
+    torch.testing.assert_close(sparse(images), dense(images), rtol=1e-4, atol=1e-5)
+
+
 def test_the_timm_encoder_normalises_input_as_our_vit():
     enc = _encoder()
     images = torch.rand(2, 3, CROP, CROP)
