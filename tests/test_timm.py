@@ -200,3 +200,9 @@ def test_a_policy_with_a_timm_encoder_trains_saves_and_loads(tmp_path, tiny_push
     assert all(isinstance(blk.attn, SwappedAttention) and blk.attn.pattern.kind == "fibottention" for blk in vit.blocks)
     obs = {"image": torch.randint(0, 256, (2, 2, 96, 96, 3), dtype=torch.uint8), "agent_pos": torch.rand(2, 2, 2) * 512}
     torch.testing.assert_close(a.predict_action_chunk(obs), b.predict_action_chunk(obs), rtol=0, atol=0)
+
+
+def test_timm_kwargs_override_the_encoders_own_arguments():
+    enc = _build(dict(timm_kwargs={**TINY, "dynamic_img_size": False, "reg_tokens": 2}, pool="cls"))
+    assert enc.num_prefix == 3 and not enc.model.dynamic_img_size
+    assert enc(torch.rand(2, 3, CROP, CROP)).shape == (2, 64)

@@ -39,7 +39,7 @@ def create_timm_vit(cfg: ViTConfig, crop_size: int) -> VisionTransformer:
         pretrained = dict(pretrained=True, pretrained_cfg_overlay=dict(file=str(path), source=""))
     img = crop_size // cfg.patch_size * cfg.patch_size  # Conv2d patches floor the crop as our ViT does
     # dynamic_img_size: larger evaluation renders resample the position embedding, as our ViT interpolates it
-    kwargs = dict(img_size=img, patch_size=cfg.patch_size, num_classes=0, dynamic_img_size=True, **cfg.timm_kwargs)
+    kwargs = {**dict(img_size=img, patch_size=cfg.patch_size, num_classes=0, dynamic_img_size=True), **cfg.timm_kwargs}
     try:
         model = timm.create_model(name, **pretrained, **kwargs)
     except (RuntimeError, TypeError, KeyError, ValueError, AssertionError) as exc:
