@@ -194,6 +194,8 @@ def load_policy(path, device="cpu", expected_policy: str | None = None, **config
         raise ValueError(f"checkpoint {ckpt} holds a {meta['policy']!r} policy, not the requested {expected_policy!r}")
     config = dict(meta["policy_config"])
     config.update(config_overrides)
+    if config.get("vit", {}).get("pretrained"):  # model.safetensors holds the weights: the file need not exist now
+        config["vit"] = {**config["vit"], "pretrained": None}
     policy = make_policy(config, name=meta["policy"])
     state = _load_tensors(ckpt / "model.safetensors")
     missing, unexpected = policy.load_state_dict(state, strict=False)

@@ -8,7 +8,7 @@ from torch import nn
 from torchvision.transforms import v2
 
 from .normalize import Normalizer
-from .vision.vit import ViT
+from .vision.vit import ViT, ViTConfig
 
 
 def crop_images(x: torch.Tensor, size: int, random: bool) -> torch.Tensor:
@@ -26,6 +26,15 @@ def crop_images(x: torch.Tensor, size: int, random: bool) -> torch.Tensor:
     cols = (left[:, None] + ar)[:, None, :]  # (N, 1, size)
     batch = torch.arange(n, device=x.device)[:, None, None]
     return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # (N, C, size, size)
+
+
+def make_vit(cfg: ViTConfig, crop_size: int) -> nn.Module:
+    """One camera's encoder: our ViT, or timm's named by ``vit.backbone`` (timm is imported only then)."""
+    if cfg.backbone is None:
+        return ViT(cfg)
+    from .vision.timm_backbone import TimmViT
+
+    return TimmViT(cfg, crop_size)
 
 
 @dataclass
@@ -62,7 +71,7 @@ class ObsEncoder(nn.Module):
         self.image_keys = config.image_keys
         self.lowdim_keys = config.lowdim_keys
         n_vits = 1 if config.share_vit else len(self.image_keys)
-        self.vits = nn.ModuleList(ViT(config.vit) for _ in range(n_vits))
+        self.vits = nn.ModuleList(make_vit(config.vit, config.crop_size) for _ in range(n_vits))
         self.image_steps = config.image_obs_steps
         aug = config.image_aug
         self.jitter = v2.ColorJitter(brightness=aug.brightness or None, contrast=aug.contrast or None) if aug.enabled else None

@@ -7,6 +7,7 @@ patch coordinates; learned position embeddings are interpolated, sin-cos ones re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,11 @@ class ViTConfig:
     input_norm: str = "fixed"  # fixed | per_image (see INPUT_NORMS)
     out_dim: int = 64  # feature size handed to the policy
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    # timm:<model name>: timm's ViT at the crop size and patch_size, with this attention (timm_backbone.py);
+    # its width, depth and heads are the named model's (dim, depth, num_heads, mlp_ratio, pos_embed unused)
+    backbone: str | None = None
+    pretrained: str | None = None  # timm backbone: a local safetensors weights file (nothing is downloaded)
+    timm_kwargs: dict[str, Any] = field(default_factory=dict)  # timm backbone: timm.create_model overrides
 
     def __post_init__(self):
         if isinstance(self.attention, dict):
@@ -53,6 +59,10 @@ class ViTConfig:
             raise ValueError(f"vit.input_norm={self.input_norm!r} is unknown; choose one of {INPUT_NORMS}")
         if self.pool not in POOLS:
             raise ValueError(f"vit.pool={self.pool!r} is unknown; choose one of {POOLS}")
+        if self.backbone is not None and not self.backbone.startswith("timm:"):
+            raise ValueError(f"vit.backbone={self.backbone!r} is unknown; name a timm model as timm:<name>, or null for this ViT")
+        if self.backbone is None and (self.pretrained or self.timm_kwargs):
+            raise ValueError("vit.pretrained and vit.timm_kwargs need a timm encoder: set vit.backbone=timm:<name>")
         if self.pool == "cls" and not self.use_cls:
             raise ValueError("vit.pool='cls' needs vit.use_cls=true (or set vit.pool='mean')")
 
