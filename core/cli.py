@@ -33,17 +33,27 @@ def _message(exc: BaseException) -> str:
     return " ".join(str(exc).split("\n"))
 
 
+def _close_progress_bars() -> None:
+    """Bars the interrupted or failed work left open would redraw after the message: close them first."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
 def run_command(prog: str, fn, cfg: DictConfig):
     try:
         return fn(to_object(cfg))
     except KeyboardInterrupt as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
+        _close_progress_bars()
         print(f"{prog}: {str(exc) if isinstance(exc, Interrupted) else 'interrupted; nothing was written'}", file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT) from None
     except (*USER_ERRORS, MissingMandatoryValue) as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
+        _close_progress_bars()
         message = _message(exc)
         if isinstance(exc, MissingMandatoryValue):
             message += f" (python {prog} {exc.full_key}=...)"

@@ -42,11 +42,14 @@ def _holds_only_lock(path: Path) -> bool:
     return path.is_dir() and all(c.name == ".lock" for c in path.iterdir())
 
 
-def _drop_if_only_lock(path: Path) -> None:
-    """A run that made its folder and failed before writing anything leaves no empty folder behind."""
+def _drop_unused(path: Path, made_dir: bool, made_lock: bool, started: dict) -> None:
+    """A run refused or failed before it wrote anything leaves neither its lock file nor the folder it made."""
+    if started["yes"]:
+        return
     try:
-        if _holds_only_lock(path):
+        if made_lock:
             (path / ".lock").unlink(missing_ok=True)
+        if made_dir and path.is_dir() and not any(path.iterdir()):
             path.rmdir()
     except OSError:
         pass
@@ -59,6 +62,7 @@ class RunDirectory:
         self.is_main = is_main
         self._lock = None
         self._start_over = False
+        self._started = {"yes": False}
 
     def claim(self, *, resume: bool, overwrite: bool) -> Path | None:
         """Lock the directory (rank 0) and return the checkpoint to resume from, or None to start
@@ -66,9 +70,9 @@ class RunDirectory:
         if not self.is_main:
             return None
         check_output_dir(self.path, "run_dir")
-        if not self.path.exists():
-            self.path.mkdir(parents=True)
-            weakref.finalize(self, _drop_if_only_lock, self.path)
+        made_dir, made_lock = not self.path.exists(), not (self.path / ".lock").exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        weakref.finalize(self, _drop_unused, self.path, made_dir, made_lock, self._started)
         self._lock = open(self.path / ".lock", "a+")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -115,6 +119,7 @@ class RunDirectory:
         (overwrite=true; anything else in the folder stays) and write the marker."""
         if not self.is_main:
             return
+        self._started["yes"] = True
         if self._start_over:
             for name in RUN_ENTRIES:
                 child = self.path / name

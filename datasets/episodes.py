@@ -115,12 +115,14 @@ def check_finite(arr: np.ndarray, source, key: str, *, episode_ends=None, episod
     )
 
 
-def damaged(source, key: str, exc: BaseException, where: str = "") -> ValueError:
+def damaged(source, key: str, reason, where: str = "") -> ValueError:
     """A read that failed inside the file (a truncated or overwritten chunk): one line naming the
-    file, the key and (``where``) the chunk and episodes, with the library's own first line."""
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return ValueError(f"{source}: {key}{where} cannot be read, the file is damaged ({type(exc).__name__}"
-                      f"{': ' + detail if detail else ''}); regenerate it or restore it from a copy")
+    file, the key and (``where``) the chunk and episodes; ``reason``: the library's exception or a sentence."""
+    if isinstance(reason, BaseException):
+        detail = str(reason).strip().splitlines()[0] if str(reason).strip() else ""
+        reason = type(reason).__name__ + (f": {detail}" if detail else "")
+    return ValueError(f"{source}: {key}{where} cannot be read, the file is damaged ({reason}); "
+                      f"regenerate it or restore it from a copy")
 
 
 def episodes_of(episode_ends, first: int, last: int) -> str:

@@ -292,12 +292,12 @@ def _image_case(data: h5py.Group, used: list[tuple[str, int]], src: str, path, w
     picked = used[:1] + used[-1:] if len(used) > 1 else used
     shape = data[picked[0][0]][src].shape[1:]
     samples = []
-    for d, n in picked:
+    for (d, n), episode in zip(picked, (0, len(used) - 1)):
         if src in data[d] and data[d][src].shape[1:] == shape:
             try:
                 samples.append(sample_frames(data[d][src], n))
             except OSError as exc:
-                raise damaged(path, f"data/{d}/{src}", exc) from None
+                raise damaged(path, f"data/{d}/{src}", exc, f" (episode {episode})") from None
     case = image_case(np.concatenate(samples), path, src, f" (sampled from data/{picked[0][0]}, data/{picked[-1][0]})")
     if case == "float01" and warn:
         warn_float01(path, src)

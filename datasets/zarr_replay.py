@@ -8,6 +8,7 @@ Written in zarr format 2, as the public file is, so both ecosystems read it.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -103,27 +104,63 @@ def _check_layout(root: zarr.Group, path) -> None:
         )
 
 
+BLOSC_HEADER = 16  # bytes; little-endian uint32s: uncompressed size at 4:8, compressed size at 12:16
+
+
+def _chunk_where(arr: zarr.Array, path, key: str, ends, index: int) -> tuple[str, str]:
+    """(chunk file name, " (chunk file ...: frames a-b, episodes c-d)") of chunk ``index`` along time."""
+    rows = int(arr.chunks[0])
+    first, last = index * rows, min((index + 1) * rows, arr.shape[0]) - 1
+    chunk = ".".join([str(index)] + ["0"] * (arr.ndim - 1))
+    name = f"{key}/{chunk}" if (Path(path) / key / ".zarray").exists() else f"{key} chunk {chunk}"
+    return name, f" (chunk file {name}: frames {first}-{last}{episodes_of(ends, first, last)})"
+
+
+def _check_chunk_sizes(arr: zarr.Array, path, key: str, ends, start: int, stop: int) -> None:
+    """A blosc chunk file shorter or longer than its header says (truncated, overwritten) is refused
+    before blosc decompresses it: blosc reads past the end of such a buffer, returning garbage or crashing."""
+    folder = Path(path) / key
+    spec = json.loads((folder / ".zarray").read_text()) if (folder / ".zarray").is_file() else {}
+    compressor = spec.get("compressor") or {}
+    if compressor.get("id") != "blosc" or spec.get("filters") or list(spec["chunks"][1:]) != list(arr.shape[1:]):
+        return
+    rows, sep = int(spec["chunks"][0]), spec.get("dimension_separator", ".")
+    expected = int(np.prod(spec["chunks"])) * arr.dtype.itemsize
+    for index in range(start // rows, -(-stop // rows)):
+        file = folder / sep.join([str(index)] + ["0"] * (arr.ndim - 1))
+        if not file.is_file():
+            continue  # never written: the fill value
+        with open(file, "rb") as fh:
+            head = fh.read(BLOSC_HEADER)
+        size = file.stat().st_size
+        stored = int.from_bytes(head[12:16], "little") if len(head) == BLOSC_HEADER else None
+        if stored != size or int.from_bytes(head[4:8], "little") != expected:
+            reason = (f"the chunk file holds {size} bytes, its blosc header says {stored}" if stored != size
+                      else f"its blosc header says {int.from_bytes(head[4:8], 'little')} bytes uncompressed, the chunk has {expected}")
+            raise damaged(path, key, reason, _chunk_where(arr, path, key, ends, index)[1])
+
+
 def _read_rows(arr: zarr.Array, path, key: str, ends=None, start: int = 0, stop: int | None = None) -> np.ndarray:
-    """``arr[start:stop]``; a chunk that cannot be decompressed ends in one line naming the file,
-    the key, the chunk and its episodes (the chunks are read one by one to find it)."""
+    """``arr[start:stop]``; a damaged chunk ends in one line naming the file, the key, the chunk and
+    its episodes (after a failed read the chunks are read one by one to find it)."""
+    stop = arr.shape[0] if stop is None else stop
+    if arr.ndim:
+        _check_chunk_sizes(arr, path, key, ends, start, stop)
     try:
         return arr[start:stop]
     except Exception as exc:  # blosc / zarr raise RuntimeError, ValueError, ... for a damaged chunk
         error = exc
-    stop = arr.shape[0] if stop is None else stop
-    rows = int(arr.chunks[0]) if arr.ndim else 1
-    first = start - start % rows
-    for first in range(first, stop, rows):
+    if not arr.ndim:
+        raise damaged(path, key, error) from None
+    rows = int(arr.chunks[0])
+    index = start // rows
+    for index in range(start // rows, -(-stop // rows)):
         try:
-            arr[first : first + rows]
+            arr[index * rows : (index + 1) * rows]
         except Exception as exc:
             error = exc
             break
-    last = min(first + rows, arr.shape[0]) - 1
-    chunk = ".".join([str(first // rows)] + ["0"] * (arr.ndim - 1))
-    name = f"{key}/{chunk}" if (Path(path) / key / ".zarray").exists() else f"{key} chunk {chunk}"
-    where = f" (chunk file {name}: frames {first}-{last}{episodes_of(ends, first, last)})" if arr.ndim else ""
-    raise damaged(path, key, error, where) from None
+    raise damaged(path, key, error, _chunk_where(arr, path, key, ends, index)[1]) from None
 
 
 def _sample(arr: zarr.Array, path, key: str, ends=None) -> np.ndarray:
