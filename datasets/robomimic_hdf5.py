@@ -441,7 +441,7 @@ def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
             "path": str(path),
             "format": FORMAT,
             "valid": not problems,
-            "problems": problems,
+            "problems": list(dict.fromkeys(problems)),  # a damaged sample is met again by the full read
             "env_name": env_args.get("env_name"),
             "env_version": env_args.get("env_version"),
             "episodes": int(len(demos)),

@@ -164,6 +164,7 @@ def _read_rows(arr: zarr.Array, path, key: str, ends=None, start: int = 0, stop:
 
 
 def _sample(arr: zarr.Array, path, key: str, ends=None) -> np.ndarray:
+    _check_chunk_sizes(arr, path, key, ends, 0, arr.shape[0])
     try:
         return sample_frames(arr)
     except Exception as exc:
