@@ -187,7 +187,7 @@ def train(cfg: TrainRunConfig) -> TrainResult:
         return save_checkpoint(run.checkpoints / "last", policy, cfg_dict, training_state, weights)
 
     writer = None
-    run.start()  # every check has passed: overwrite=true deletes the old run now; the marker
+    run.start()  # every check has passed: overwrite=true deletes the old run now, then the .run marker is written
     if ddp.is_main:
         (run.path / "config.json").write_text(json.dumps(cfg_dict, indent=2))
         writer = SummaryWriter(str(run.path / "tb"))
