@@ -2,8 +2,10 @@
 
 A mistake the user can fix (a bad value, a missing or damaged file, a run directory in use) is
 raised as ValueError / FileNotFoundError / FileExistsError / FloatingPointError with a message that
-names the problem and the fix; ``run_command`` prints that message alone and exits 1. Anything else
-is a bug and keeps its traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback of user errors too.
+names the problem and the fix; ``run_command`` prints that message alone and exits 1. A permission
+error (a read-only folder) and Ctrl-C end in one line too (Ctrl-C: exit 130, saying what was written;
+a command that wrote something raises ``Interrupted`` with that in its message). Anything else is a
+bug and keeps its traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback of user errors too.
 """
 from __future__ import annotations
 
@@ -15,18 +17,45 @@ from omegaconf.errors import MissingMandatoryValue
 
 from .config import to_object
 
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError)
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError, PermissionError)
+INTERRUPTED_EXIT = 130  # the shell's status for a command ended by SIGINT
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what the command had written by then as its message."""
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, MissingMandatoryValue):
+        return f"{exc.full_key}= is required"
+    if isinstance(exc, PermissionError) and exc.filename:
+        return f"cannot write {exc.filename} (permission denied); make it writable or choose another path"
+    return " ".join(str(exc).split("\n"))
+
+
+def _close_progress_bars() -> None:
+    """Bars the interrupted or failed work left open would redraw after the message: close them first."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
 
 
 def run_command(prog: str, fn, cfg: DictConfig):
     try:
         return fn(to_object(cfg))
+    except KeyboardInterrupt as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        _close_progress_bars()
+        print(f"{prog}: {str(exc) if isinstance(exc, Interrupted) else 'interrupted; nothing was written'}", file=sys.stderr)
+        raise SystemExit(INTERRUPTED_EXIT) from None
     except (*USER_ERRORS, MissingMandatoryValue) as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
+        _close_progress_bars()
+        message = _message(exc)
         if isinstance(exc, MissingMandatoryValue):
-            message = f"{exc.full_key}= is required (python {prog} {exc.full_key}=...)"
-        else:
-            message = " ".join(str(exc).split("\n"))
+            message += f" (python {prog} {exc.full_key}=...)"
         print(f"{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(1) from None

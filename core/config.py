@@ -10,13 +10,15 @@ Hydra's ConfigStore; the YAML files under ``configs/`` only select and override:
     configs/recipe/          what the package has measured (cpu, paper), per task and policy
     configs/rollout.yaml     rollout.py            configs/generate.yaml   python -m datasets.generate
 
-Composition refuses unknown keys and wrong types with the field's name (OmegaConf validates
-against the dataclasses); ``to_object`` then builds the dataclasses, whose ``__post_init__``
+Composition refuses wrong types with the field's name (OmegaConf validates against the
+dataclasses) and ``to_object`` refuses unknown keys, given with or without ``+`` (Hydra lets a
+``+key`` through a structured config), then builds the dataclasses, whose ``__post_init__``
 refuses values that can never work.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -174,9 +176,13 @@ class RolloutConfig(RolloutOptions):
     # camera corruptions before the policy sees a frame: KIND:SEVERITY or a list of them, KIND one of
     # gaussian_noise, blur, brightness, contrast and SEVERITY 1-3 (envs/corruptions.py)
     corruption: Optional[Any] = None
+    task: Optional[Any] = None  # never set: the checkpoint fixes the task (here so task= gets that answer)
 
     def __post_init__(self):
         super().__post_init__()
+        if self.task is not None:
+            raise ValueError(f"task= cannot be chosen at rollout: the checkpoint fixes the task (it is evaluated on the "
+                             f"task it was trained on, recorded in its config.json); drop task=")
         from envs.corruptions import parse_corruptions
 
         parse_corruptions(self.corruption)  # refused here, before the checkpoint loads or an episode runs
@@ -235,8 +241,26 @@ def register_configs() -> None:
         cs.store(group="attention", name=kind, node=OmegaConf.structured(AttentionConfig(kind=kind)))
 
 
+def check_known_keys(cfg: DictConfig, prefix: str = "") -> None:
+    """Refuse a key its dataclass does not have (``+train.stepz=5`` would otherwise vanish),
+    naming the closest known key."""
+    schema = OmegaConf.get_type(cfg)
+    known = [f.name for f in fields(schema)] if is_dataclass(schema) else None
+    for key in cfg.keys():
+        name = f"{prefix}{key}"
+        if known is not None and key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {prefix}{close[0]}? " if close else ""
+            raise ValueError(f"unknown key {name} (given with or without +): {prefix.rstrip('.') or 'the config'} has no "
+                             f"such setting; {hint}--cfg job lists every key")
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none() and not node._is_interpolation():
+            check_known_keys(node, name + ".")
+
+
 def to_object(cfg: DictConfig):
     """A composed DictConfig -> its dataclass tree (runs every ``__post_init__`` check)."""
+    check_known_keys(cfg)
     return OmegaConf.to_object(cfg)
 
 

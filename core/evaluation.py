@@ -21,6 +21,7 @@ from policies.base import get_policy_class
 from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
 
 from .config import TaskConfig, from_dict
+from .preflight import WrittenFiles, check_output_dir
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -232,6 +233,8 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
     if out_dir is not None and (Path(out_dir) / "summary.json").exists() and not overwrite:
         raise FileExistsError(f"{Path(out_dir) / 'summary.json'} holds an earlier evaluation; pass overwrite=true to "
                               f"replace it, or choose another out_dir=")
+    if out_dir is not None:
+        check_output_dir(out_dir, "out_dir")  # before the policy loads and an episode runs
     overrides = {}
     if num_inference_steps is not None:
         if "num_inference_steps" not in meta["policy_config"]:
@@ -310,9 +313,13 @@ def run(cfg) -> dict:
     out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(ckpt, cfg.seed, {**options, "max_steps": cfg.max_steps,
                                                                                       "n": cfg.num_episodes,
                                                                                       "corruption": corruption_tag(corruptions)})
-    summary = evaluate_checkpoint(ckpt, num_episodes=cfg.num_episodes, seed=cfg.seed, workers=cfg.workers, out_dir=out_dir,
-                                  device=pick_device(cfg.device), num_videos=cfg.num_videos, max_steps=cfg.max_steps,
-                                  overwrite=cfg.overwrite, corruption=corruptions, **options)
+    written = WrittenFiles(out_dir)
+    try:
+        summary = evaluate_checkpoint(ckpt, num_episodes=cfg.num_episodes, seed=cfg.seed, workers=cfg.workers, out_dir=out_dir,
+                                      device=pick_device(cfg.device), num_videos=cfg.num_videos, max_steps=cfg.max_steps,
+                                      overwrite=cfg.overwrite, corruption=corruptions, **options)
+    except KeyboardInterrupt:
+        raise written.interrupted() from None
     print(format_summary(summary))
     print(f"summary: {out_dir / 'summary.json'}" + (f"  videos: {out_dir / 'videos'}" if cfg.num_videos else ""))
     return summary

@@ -1,22 +1,58 @@
-"""One training run per directory: a lock, a clean start on overwrite, and the resume checks.
+"""One training run per directory: a lock, a start over that deletes only a run, and the resume checks.
 
     run_dir/.lock            held (flock) by the training process; a second one is refused
+    run_dir/.run             the marker: this folder holds a run of train_policy.py (written when the
+                             run starts writing, after every check has passed)
     run_dir/checkpoints/     step_NNNNNNN/ and last/, each complete or absent (written by rename)
     run_dir/config.json, tb/, eval/
+
+``overwrite=true`` deletes only a folder recognised as a run (the marker, or the checkpoints/ +
+config.json of a run written before the marker existed), only the entries a run writes, and only
+when ``start`` is called, after the new run's config, data and paths have been checked.
 """
 from __future__ import annotations
 
 import dataclasses
 import fcntl
+import json
 import os
 import shutil
+import weakref
 from pathlib import Path
 
-from policies.checkpoint import clean_stale_writes, newest_checkpoint
+from policies.checkpoint import checkpoint_step, clean_stale_writes, newest_checkpoint
 
+from .preflight import check_output_dir, contents
+
+RUN_MARKER = ".run"
+RUN_ENTRIES = (RUN_MARKER, "checkpoints", "config.json", "tb", "eval")  # everything a run writes, but .lock
 # Settings that may change when a run is resumed; every other one defines the model or the data.
 RESUMABLE = ("run_dir", "resume", "overwrite", "device", "eval", "train.steps", "train.log_every", "train.val_every",
              "train.checkpoint_every", "train.num_workers", "train.num_threads", "train.compile", "task.env", "task.fps")
+
+
+def is_run(path: Path) -> bool:
+    """Whether ``path`` holds a run of this package: the marker, or (a run from before the marker)
+    a checkpoints/ folder beside a config.json."""
+    p = Path(path)
+    return (p / RUN_MARKER).is_file() or ((p / "checkpoints").is_dir() and (p / "config.json").is_file())
+
+
+def _holds_only_lock(path: Path) -> bool:
+    return path.is_dir() and all(c.name == ".lock" for c in path.iterdir())
+
+
+def _drop_unused(path: Path, made_dir: bool, made_lock: bool, started: dict) -> None:
+    """A run refused or failed before it wrote anything leaves neither its lock file nor the folder it made."""
+    if started["yes"]:
+        return
+    try:
+        if made_lock:
+            (path / ".lock").unlink(missing_ok=True)
+        if made_dir and path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+    except OSError:
+        pass
 
 
 class RunDirectory:
@@ -25,12 +61,18 @@ class RunDirectory:
         self.checkpoints = self.path / "checkpoints"
         self.is_main = is_main
         self._lock = None
+        self._start_over = False
+        self._started = {"yes": False}
 
     def claim(self, *, resume: bool, overwrite: bool) -> Path | None:
-        """Lock the directory (rank 0) and return the checkpoint to resume from, or None to start fresh."""
+        """Lock the directory (rank 0) and return the checkpoint to resume from, or None to start
+        fresh. Deletes nothing: with ``overwrite`` the old run goes in ``start``."""
         if not self.is_main:
             return None
+        check_output_dir(self.path, "run_dir")
+        made_dir, made_lock = not self.path.exists(), not (self.path / ".lock").exists()
         self.path.mkdir(parents=True, exist_ok=True)
+        weakref.finalize(self, _drop_unused, self.path, made_dir, made_lock, self._started)
         self._lock = open(self.path / ".lock", "a+")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -45,13 +87,22 @@ class RunDirectory:
         self._lock.truncate()
         self._lock.write(str(os.getpid()))
         self._lock.flush()
+        try:
+            return self._decide(resume, overwrite)
+        except BaseException:
+            self.release()
+            raise
+
+    def _decide(self, resume: bool, overwrite: bool) -> Path | None:
         if self.checkpoints.exists():
             clean_stale_writes(self.checkpoints)  # half-written checkpoints of a killed run
         existing = newest_checkpoint(self.checkpoints)
-        if overwrite:  # asked for: start from an empty directory (the lock file stays)
-            for child in self.path.iterdir():
-                if child.name != ".lock":
-                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if overwrite:
+            if not is_run(self.path) and not _holds_only_lock(self.path):
+                raise FileExistsError(
+                    f"run_dir {self.path} is {contents(self.path)}, not a run of train_policy.py (no {RUN_MARKER} "
+                    f"marker, no checkpoints/ + config.json); overwrite=true deletes only a run: choose another run_dir=")
+            self._start_over = True
             return None
         if resume:
             if existing is None:
@@ -63,11 +114,41 @@ class RunDirectory:
                                   f"continue it, overwrite=true to delete it and start over, or choose another run_dir=")
         return None
 
+    def start(self) -> None:
+        """Every check has passed and the run is about to write: delete the old run's entries
+        (overwrite=true; anything else in the folder stays) and write the marker."""
+        if not self.is_main:
+            return
+        self._started["yes"] = True
+        if self._start_over:
+            for name in RUN_ENTRIES:
+                child = self.path / name
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                elif child.exists() or child.is_symlink():
+                    child.unlink()
+            self._start_over = False
+        marker = self.path / RUN_MARKER
+        if not marker.exists():
+            marker.write_text(json.dumps({"written_by": "train_policy.py", "pid": os.getpid()}) + "\n")
+
     def release(self) -> None:
         if self._lock is not None:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
+
+
+def interrupted_message(run_dir) -> str:
+    """What a training stopped by Ctrl-C leaves in ``run_dir``, as the command's last line."""
+    path = Path(run_dir)
+    newest = newest_checkpoint(path / "checkpoints")
+    if newest is not None:
+        return (f"interrupted; the newest checkpoint is {newest} (step {checkpoint_step(newest)}): "
+                f"resume=true continues from it")
+    if not path.is_dir() or _holds_only_lock(path) or not (path / "config.json").exists():
+        return "interrupted; nothing was written"
+    return f"interrupted before the first checkpoint; {path} holds only config.json and tb/ (overwrite=true starts over)"
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

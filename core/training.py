@@ -2,7 +2,8 @@
 
 ``train(cfg)`` takes the composed ``TrainRunConfig``. One run owns its ``run_dir`` (a lock file);
 ``resume=true`` continues from the newest complete checkpoint and refuses a config that changes
-the model or the data; ``overwrite=true`` empties the run directory first. A checkpoint never
+the model or the data (config and dataset fingerprint); ``overwrite=true`` deletes the old run
+only after every check has passed (core/rundir.py). A checkpoint never
 holds non-finite weights: a diverging run stops with the last good checkpoint as ``last``.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from datasets.factory import make_dataset
+from datasets.fingerprint import FINGERPRINT_KEY, check_resume_data
 from datasets.sampler import SequenceDataset, StepBatchSampler, compute_stats, split_episodes
 from policies.base import Policy, make_policy
 from policies.checkpoint import (
@@ -31,7 +33,8 @@ from policies.checkpoint import (
 
 from .config import TrainRunConfig, to_dict
 from .distributed import Distributed, pick_device
-from .rundir import RunDirectory, check_resume_config
+from .cli import Interrupted
+from .rundir import RunDirectory, check_resume_config, interrupted_message
 
 
 @dataclass
@@ -97,6 +100,7 @@ def train(cfg: TrainRunConfig) -> TrainResult:
     # data: split by episode, statistics from the training episodes only
     pconfig = cfg.policy
     data = make_dataset(cfg.task, list(pconfig.input_shapes), tcfg.max_episodes)
+    fingerprint = check_resume_data(resume_from, data)  # a resume refuses changed data
     train_eps, val_eps = split_episodes(data.num_episodes, tcfg.val_fraction, cfg.seed)
     window = dict(n_obs_steps=pconfig.n_obs_steps, horizon=pconfig.horizon, n_action_steps=pconfig.n_action_steps,
                   obs_steps=pconfig.window_obs_steps)
@@ -177,11 +181,13 @@ def train(cfg: TrainRunConfig) -> TrainResult:
             "model": policy.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "ema": ema.state_dict() if ema is not None else {}, "rng": rng_state(), "step": step,
             "world_size": ddp.world_size, "train_seconds": seconds_before + time.perf_counter() - t_start,
+            FINGERPRINT_KEY: fingerprint,
         }
         save_checkpoint(run.checkpoints / tag, policy, cfg_dict, training_state, weights)
         return save_checkpoint(run.checkpoints / "last", policy, cfg_dict, training_state, weights)
 
     writer = None
+    run.start()  # every check has passed: overwrite=true deletes the old run now, then the .run marker is written
     if ddp.is_main:
         (run.path / "config.json").write_text(json.dumps(cfg_dict, indent=2))
         writer = SummaryWriter(str(run.path / "tb"))
@@ -278,6 +284,8 @@ def run(cfg: TrainRunConfig) -> TrainResult:
 
     try:
         return train(cfg)
+    except KeyboardInterrupt:
+        raise Interrupted(interrupted_message(cfg.run_dir)) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

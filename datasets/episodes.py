@@ -115,6 +115,24 @@ def check_finite(arr: np.ndarray, source, key: str, *, episode_ends=None, episod
     )
 
 
+def damaged(source, key: str, reason, where: str = "") -> ValueError:
+    """A read that failed inside the file (a truncated or overwritten chunk): one line naming the
+    file, the key and (``where``) the chunk and episodes; ``reason``: the library's exception or a sentence."""
+    if isinstance(reason, BaseException):
+        detail = str(reason).strip().splitlines()[0] if str(reason).strip() else ""
+        reason = type(reason).__name__ + (f": {detail}" if detail else "")
+    return ValueError(f"{source}: {key}{where} cannot be read, the file is damaged ({reason}); "
+                      f"regenerate it or restore it from a copy")
+
+
+def episodes_of(episode_ends, first: int, last: int) -> str:
+    """" in episode(s) A[-B]" for frames first..last, "" when the ends are unknown."""
+    if episode_ends is None or not len(episode_ends):
+        return ""
+    a, b = (int(i) for i in np.searchsorted(np.asarray(episode_ends), [first, last], side="right"))
+    return f", episode {a}" if a == b else f", episodes {a}-{b}"
+
+
 class ImageScaleWarning(UserWarning):
     """Float images in [0, 1] were scaled x255 to uint8 (store uint8 0-255 to avoid the guess)."""
 

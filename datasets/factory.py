@@ -1,11 +1,23 @@
 """make_dataset(task_cfg): the task's file -> EpisodeData, whatever its format."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .episodes import EpisodeData
 
 FORMATS = ("pusht_zarr", "robomimic_hdf5", "lerobot")
+# the recipes' file names say how many demonstrations they hold: data/pusht/demos1000.zarr
+_COUNT_IN_NAME = re.compile(r"demos(\d+)$")
+
+
+def generate_command(task_name: str, path) -> str:
+    """The command that writes the dataset a task reads at ``path`` (as many demonstrations as its name says)."""
+    from core.config import GenerateConfig
+
+    m = _COUNT_IN_NAME.search(Path(path).stem)
+    count = int(m[1]) if m else GenerateConfig.num_episodes
+    return f"python -m datasets.generate task={task_name} num_episodes={count} out={path}"
 
 
 def read_dataset(path, fmt: str | None = None, obs_keys: list[str] | None = None,
@@ -46,11 +58,22 @@ def make_dataset(task, keys: list[str] | None = None, max_episodes: int | None =
     path = task.dataset.path
     if not Path(path).exists():
         raise FileNotFoundError(
-            f"dataset {path} does not exist; generate it with: "
-            f"python -m datasets.generate task={task.name} num_episodes=200 out={path}"
+            f"dataset {path} does not exist; generate it with: {generate_command(task.name, path)}"
         )
     keys = list(task.input_shapes) if keys is None else list(keys)
-    data = read_dataset(path, task.dataset.format, obs_keys=keys, features=getattr(task.dataset, "features", None))
+    fmt = task.dataset.format or guess_format(path)
+    features = getattr(task.dataset, "features", None)
+    if fmt == "robomimic_hdf5":
+        from .robomimic_hdf5 import MissingObsKeyError, check_recorded_task
+
+        check_recorded_task(path, task.name)  # before reading: a Can file must not train task=lift
+        try:
+            data = read_dataset(path, fmt, obs_keys=keys)
+        except MissingObsKeyError as exc:  # a camera the task reads is in no demo: say how to drop it
+            raise ValueError(f"{exc}; if the file was recorded without it, drop it from the task with "
+                             f"{' '.join(f'task.input_shapes.{k}=null' for k in exc.keys)}") from None
+    else:
+        data = read_dataset(path, fmt, obs_keys=keys, features=features)
     missing = [k for k in keys + ["action"] if k not in data.data]
     if missing:
         raise ValueError(

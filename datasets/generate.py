@@ -8,24 +8,58 @@ Options: GenerateConfig in core/config.py (`python -m datasets.generate task=lif
 Seeds ``seed, seed+1, ...`` are tried in order and the first ``num_episodes`` successful ones
 are kept, so the result is the same for any number of workers. Failed attempts are dropped.
 Output goes to a temporary path and is renamed at the end; an existing file is kept unless
-``overwrite=true``. Seeds stay below 100000, which evaluation uses.
+``overwrite=true``, which replaces only a dataset of the task's format (never a run or a folder of
+anything else). Every check runs before the first episode. Seeds stay below 100000, which
+evaluation uses.
 """
 from __future__ import annotations
 
 import importlib
 import json
 import multiprocessing as mp
+import signal
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from core.preflight import check_output_file, contents
 from envs.factory import EVAL_SEED_START
 
 from .episodes import recover_output
 
 TASKS = {"pusht": "envs.experts.pusht", "lift": "envs.experts.lift", "can": "envs.experts.can"}
+
+
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which stops them and reports in one line."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _is_dataset(out: Path, task: str) -> bool:
+    if task == "pusht":
+        from .zarr_replay import is_pusht_zarr
+
+        return is_pusht_zarr(out)
+    from .robomimic_hdf5 import is_robomimic_hdf5
+
+    return is_robomimic_hdf5(out)
+
+
+def check_out(out: Path, task: str, overwrite: bool) -> None:
+    """Before any episode: ``out`` can be written, and holds nothing or (overwrite=true) a dataset."""
+    check_output_file(out, "out")
+    if not (out.exists() or out.is_symlink()):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out} already exists; pass overwrite=true to replace it, or choose another out=")
+    if not _is_dataset(out, task):
+        kind = "PushT zarr replay buffer" if task == "pusht" else "robomimic hdf5 file"
+        raise FileExistsError(f"out={out} is {contents(out)}, not a {kind}; overwrite=true replaces only a dataset: "
+                              f"choose another out= or remove it yourself")
+
+
 def _collect(job):
     task, seed, image_size = job
     module = importlib.import_module(TASKS[task])
@@ -46,8 +80,7 @@ def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int =
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
     out = Path(out)
     recover_output(out)  # a killed earlier run may have left the previous dataset aside: put it back first
-    if out.exists() and not overwrite:  # fail before the expensive part, not after it
-        raise FileExistsError(f"{out} already exists; pass overwrite=true to replace it, or choose another out=")
+    check_out(out, task, overwrite)  # fail before the expensive part, not after it
     max_attempts = max_attempts or 2 * num_episodes + 20
     if seed + max_attempts > EVAL_SEED_START:
         raise ValueError(f"seeds {seed}..{seed + max_attempts} would reach the evaluation seeds (>= {EVAL_SEED_START}); lower seed=")
@@ -55,7 +88,7 @@ def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int =
     kept, failed, errors = [], [], []
     t0 = time.perf_counter()
     bar = tqdm(total=num_episodes, desc=f"generate {task}", unit="demo", disable=not progress, dynamic_ncols=True)
-    pool = mp.get_context("spawn").Pool(workers) if workers > 1 else None
+    pool = mp.get_context("spawn").Pool(workers, initializer=_ignore_sigint) if workers > 1 else None
     try:
         results = pool.imap(_collect, jobs) if pool else map(_collect, jobs)
         for s, episode, error in results:  # imap keeps seed order: same result for any worker count

@@ -28,6 +28,7 @@ from datasets.episodes import (
     EpisodeData,
     atomic_output,
     check_finite,
+    damaged,
     image_case,
     image_to_uint8,
     is_image,
@@ -48,8 +49,18 @@ class RobomimicFormatError(ValueError):
 
 
 class MissingObsKeyError(KeyError):
+    """Observation keys asked for that the file lacks (``keys``); ``make_dataset`` adds the fix."""
+
+    def __init__(self, message: str, keys: list[str] = ()):
+        super().__init__(message)
+        self.keys = list(keys)
+
     def __str__(self):  # KeyError would repr-quote the message
         return str(self.args[0]) if self.args else ""
+
+
+# the env each task's files record in data.attrs["env_args"]["env_name"] (envs.robosuite_tasks.TASK_TO_ENV_NAME)
+TASK_ENV_NAMES = {"lift": "Lift", "can": "PickPlaceCan"}
 
 
 # ---------------------------------------------------------------------------------------------- write
@@ -183,6 +194,15 @@ def _open(path: str | os.PathLike) -> h5py.File:
         raise RobomimicFormatError(f"{p} is not a readable HDF5 file ({e}); expected a robomimic dataset") from e
 
 
+def is_robomimic_hdf5(path) -> bool:
+    """Whether ``path`` is a robomimic file (what ``datasets.generate overwrite=true`` may replace)."""
+    p = Path(path)
+    if not p.is_file() or not h5py.is_hdf5(p):
+        return False
+    with h5py.File(p, "r") as f:
+        return "data" in f and isinstance(f["data"], h5py.Group)
+
+
 def _demo_index(name: str) -> int:
     m = _DEMO_RE.match(name)
     return int(m.group(1)) if m else -1
@@ -236,6 +256,28 @@ def _env_args(f: h5py.File) -> dict:
         return {"raw": str(raw)}
 
 
+def check_recorded_task(path, task: str) -> None:
+    """Refuse a file whose recorded environment (``env_args.env_name``) is another task's."""
+    want = TASK_ENV_NAMES.get(task)
+    with _open(path) as f:
+        got = _env_args(f).get("env_name") if "data" in f else None
+    if want is not None and got is not None and got != want:
+        other = {v: k for k, v in TASK_ENV_NAMES.items()}.get(got)
+        fix = f"task={other}, or " if other else ""
+        raise ValueError(f"{path} was recorded in {got} (data.attrs env_args.env_name), but task={task} runs {want}; "
+                         f"pass {fix}the {want} dataset with task.dataset.path=")
+
+
+def _read(ds: h5py.Dataset, path, n: int | None = None, episode: int | None = None) -> np.ndarray:
+    """``ds[:n]``; a chunk that cannot be read (its filter fails) ends in one line naming the file,
+    the dataset and the episode."""
+    try:
+        return ds[:n] if n is not None else ds[()]
+    except OSError as exc:  # h5py: "Can't synchronously read data (filter returned failure ...)"
+        where = f" (episode {episode})" if episode is not None else ""
+        raise damaged(path, ds.name.lstrip("/"), exc, where) from None
+
+
 def _num_samples(g: h5py.Group) -> int:
     n = g.attrs.get("num_samples")
     return int(n) if n is not None else int(g["actions"].shape[0])
@@ -249,7 +291,13 @@ def _image_case(data: h5py.Group, used: list[tuple[str, int]], src: str, path, w
     """Image encoding of ``src`` judged on frames of the first and last demos (warns for float 0-1)."""
     picked = used[:1] + used[-1:] if len(used) > 1 else used
     shape = data[picked[0][0]][src].shape[1:]
-    samples = [sample_frames(data[d][src], n) for d, n in picked if src in data[d] and data[d][src].shape[1:] == shape]
+    samples = []
+    for (d, n), episode in zip(picked, (0, len(used) - 1)):
+        if src in data[d] and data[d][src].shape[1:] == shape:
+            try:
+                samples.append(sample_frames(data[d][src], n))
+            except OSError as exc:
+                raise damaged(path, f"data/{d}/{src}", exc, f" (episode {episode})") from None
     case = image_case(np.concatenate(samples), path, src, f" (sampled from data/{picked[0][0]}, data/{picked[-1][0]})")
     if case == "float01" and warn:
         warn_float01(path, src)
@@ -277,7 +325,8 @@ def read_robomimic_hdf5(
         keys = list(available) if obs_keys is None else list(obs_keys)
         missing = [k for k in keys if k not in available]
         if missing:
-            raise MissingObsKeyError(f"{path}: observation key(s) {missing} not present; available obs keys: {available}")
+            raise MissingObsKeyError(f"{path}: observation key(s) {missing} not present; available obs keys: {available}",
+                                     missing)
         lengths = [_num_samples(data[d]) for d in demos]
         used = [(d, n) for d, n in zip(demos, lengths) if n > 0]
         skipped = [d for d, n in zip(demos, lengths) if n <= 0]
@@ -306,7 +355,7 @@ def read_robomimic_hdf5(
                     raise RobomimicFormatError(
                         f"{path}: data/{d}/{src} has shape {ds.shape}, expected ({n}, *{out[name].shape[1:]})"
                     )
-                block = ds[:n]
+                block = _read(ds, path, n, episode=i)
                 if name in image_cases:
                     block = image_to_uint8(block, image_cases[name], path, src, f" in episode {i} (data/{d})")
                 else:
@@ -364,13 +413,21 @@ def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
                 if src not in data[d]:
                     continue
                 try:
-                    check_finite(np.asarray(data[d][src][:n]), path, src, episode=i, label=f"data/{d}")
+                    check_finite(np.asarray(_read(data[d][src], path, n, episode=i)), path, src, episode=i, label=f"data/{d}")
                 except ValueError as exc:
                     problems.append(str(exc))
                     break
         a_min = a_max = None
-        for d in demos:
-            a = np.asarray(data[d]["actions"][:])
+        for i, (d, n) in enumerate(zip(demos, lengths)):
+            for src in (s for s in image_srcs if s in data[d]):  # every chunk decompressed, as training would
+                try:
+                    _read(data[d][src], path, n, episode=i)
+                except ValueError as exc:
+                    problems.append(str(exc))
+            try:
+                a = np.asarray(_read(data[d]["actions"], path, episode=i))
+            except ValueError:  # listed above
+                continue
             if a.size == 0:
                 continue
             lo, hi = a.min(axis=0), a.max(axis=0)
@@ -384,7 +441,7 @@ def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
             "path": str(path),
             "format": FORMAT,
             "valid": not problems,
-            "problems": problems,
+            "problems": list(dict.fromkeys(problems)),  # a damaged sample is met again by the full read
             "env_name": env_args.get("env_name"),
             "env_version": env_args.get("env_version"),
             "episodes": int(len(demos)),

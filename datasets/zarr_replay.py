@@ -8,6 +8,7 @@ Written in zarr format 2, as the public file is, so both ecosystems read it.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,8 @@ from .episodes import (
     atomic_output,
     check_episode_ends,
     check_finite,
+    damaged,
+    episodes_of,
     image_case,
     image_to_uint8,
     is_image,
@@ -26,6 +29,8 @@ from .episodes import (
     sample_frames,
     warn_float01,
 )
+
+from .factory import generate_command
 
 PUSHT_KEYS = {"img": 4, "state": 2, "action": 2, "keypoint": 3, "n_contacts": 2}  # key -> ndim
 REQUIRED_KEYS = ("img", "state", "action")
@@ -69,13 +74,21 @@ def _open(path) -> zarr.Group:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(
-            f"dataset {p} does not exist{missing_output_hint(p)}; generate it with: "
-            f"python -m datasets.generate task=pusht num_episodes=200 out={p}"
+            f"dataset {p} does not exist{missing_output_hint(p)}; generate it with: {generate_command('pusht', p)}"
         )
     try:
         return zarr.open_group(str(p), mode="r")
     except Exception as exc:  # zarr raises several types for a non-zarr path
         raise ValueError(f"{p} is not a zarr group ({exc}); expected a Diffusion Policy replay buffer") from exc
+
+
+def is_pusht_zarr(path) -> bool:
+    """Whether ``path`` holds a replay buffer (what ``datasets.generate overwrite=true`` may replace)."""
+    try:
+        _check_layout(zarr.open_group(str(path), mode="r"), path)
+    except Exception:  # not a zarr group, or another layout
+        return False
+    return True
 
 
 def _check_layout(root: zarr.Group, path) -> None:
@@ -91,12 +104,89 @@ def _check_layout(root: zarr.Group, path) -> None:
         )
 
 
+BLOSC_HEADER = 16  # bytes; little-endian uint32s: uncompressed size at 4:8, compressed size at 12:16
+
+
+def _chunk_where(arr: zarr.Array, path, key: str, ends, index: int) -> tuple[str, str]:
+    """(chunk file name, " (chunk file ...: frames a-b, episodes c-d)") of chunk ``index`` along time."""
+    rows = int(arr.chunks[0])
+    first, last = index * rows, min((index + 1) * rows, arr.shape[0]) - 1
+    chunk = ".".join([str(index)] + ["0"] * (arr.ndim - 1))
+    name = f"{key}/{chunk}" if (Path(path) / key / ".zarray").exists() else f"{key} chunk {chunk}"
+    return name, f" (chunk file {name}: frames {first}-{last}{episodes_of(ends, first, last)})"
+
+
+def _check_chunk_sizes(arr: zarr.Array, path, key: str, ends, start: int, stop: int) -> None:
+    """A blosc chunk file shorter or longer than its header says (truncated, overwritten) is refused
+    before blosc decompresses it: blosc reads past the end of such a buffer, returning garbage or crashing."""
+    folder = Path(path) / key
+    spec = json.loads((folder / ".zarray").read_text()) if (folder / ".zarray").is_file() else {}
+    compressor = spec.get("compressor") or {}
+    if compressor.get("id") != "blosc" or spec.get("filters") or list(spec["chunks"][1:]) != list(arr.shape[1:]):
+        return
+    rows, sep = int(spec["chunks"][0]), spec.get("dimension_separator", ".")
+    expected = int(np.prod(spec["chunks"])) * arr.dtype.itemsize
+    for index in range(start // rows, -(-stop // rows)):
+        file = folder / sep.join([str(index)] + ["0"] * (arr.ndim - 1))
+        if not file.is_file():
+            continue  # never written: the fill value
+        with open(file, "rb") as fh:
+            head = fh.read(BLOSC_HEADER)
+        size = file.stat().st_size
+        stored = int.from_bytes(head[12:16], "little") if len(head) == BLOSC_HEADER else None
+        if stored != size or int.from_bytes(head[4:8], "little") != expected:
+            reason = (f"the chunk file holds {size} bytes, its blosc header says {stored}" if stored != size
+                      else f"its blosc header says {int.from_bytes(head[4:8], 'little')} bytes uncompressed, the chunk has {expected}")
+            raise damaged(path, key, reason, _chunk_where(arr, path, key, ends, index)[1])
+
+
+def _read_rows(arr: zarr.Array, path, key: str, ends=None, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """``arr[start:stop]``; a damaged chunk ends in one line naming the file, the key, the chunk and
+    its episodes (after a failed read the chunks are read one by one to find it)."""
+    stop = arr.shape[0] if stop is None else stop
+    if arr.ndim:
+        _check_chunk_sizes(arr, path, key, ends, start, stop)
+    try:
+        return arr[start:stop]
+    except Exception as exc:  # blosc / zarr raise RuntimeError, ValueError, ... for a damaged chunk
+        error = exc
+    if not arr.ndim:
+        raise damaged(path, key, error) from None
+    rows = int(arr.chunks[0])
+    index = start // rows
+    for index in range(start // rows, -(-stop // rows)):
+        try:
+            arr[index * rows : (index + 1) * rows]
+        except Exception as exc:
+            error = exc
+            break
+    raise damaged(path, key, error, _chunk_where(arr, path, key, ends, index)[1]) from None
+
+
+def _sample(arr: zarr.Array, path, key: str, ends=None) -> np.ndarray:
+    _check_chunk_sizes(arr, path, key, ends, 0, arr.shape[0])
+    try:
+        return sample_frames(arr)
+    except Exception as exc:
+        if isinstance(exc, ValueError) and str(exc).startswith(f"{path}:"):
+            raise
+        _read_rows(arr, path, key, ends)  # names the damaged chunk
+        raise
+
+
+def verify_chunks(arr: zarr.Array, path, key: str, ends=None) -> None:
+    """Decompress every chunk of ``arr`` (``datasets.describe``: what training would read)."""
+    rows = int(arr.chunks[0]) * max(1, 512 // int(arr.chunks[0])) if arr.ndim else None
+    for s in range(0, arr.shape[0], rows) if arr.ndim else (0,):
+        _read_rows(arr, path, key, ends, s, None if rows is None else s + rows)
+
+
 def _read_image(arr: zarr.Array, path, key: str, ends: np.ndarray) -> np.ndarray:
     """uint8 as stored; float 0-255 rounded, float 0-1 scaled x255 (with a warning); else refused.
     Converted block by block, so a float file never needs a second full-size float copy."""
     if arr.dtype == np.uint8:
-        return arr[:]
-    case = image_case(sample_frames(arr), path, key)
+        return _read_rows(arr, path, key, ends)
+    case = image_case(_sample(arr, path, key, ends), path, key)
     if case == "float01":
         warn_float01(path, key)
     out, n = np.empty(arr.shape, np.uint8), arr.shape[0]
@@ -106,7 +196,7 @@ def _read_image(arr: zarr.Array, path, key: str, ends: np.ndarray) -> np.ndarray
         e = min(s + step, n)
         first, last = np.searchsorted(ends, [s, e - 1], side="right")
         where = f" in episode {first}" if first == last else f" in episodes {first}-{last}"
-        out[s:e] = image_to_uint8(arr[s:e], case, path, key, where)
+        out[s:e] = image_to_uint8(_read_rows(arr, path, key, ends, s, e), case, path, key, where)
     return out
 
 
@@ -120,13 +210,14 @@ def read_pusht_zarr(path, *, load_keys: tuple[str, ...] = ("img", "state", "acti
     root = _open(path)
     _check_layout(root, path)
     group = root["data"]
-    ends = check_episode_ends(root["meta"]["episode_ends"][:], {f"data/{k}": group[k].shape[0] for k in load_keys}, path)
+    ends = check_episode_ends(_read_rows(root["meta"]["episode_ends"], path, "meta/episode_ends"),
+                              {f"data/{k}": group[k].shape[0] for k in load_keys}, path)
     raw = {}
     for k in load_keys:
         if k == "img" or is_image(group[k].shape):
             raw[k] = _read_image(group[k], path, f"data/{k}", ends)
         else:
-            raw[k] = group[k][:]
+            raw[k] = _read_rows(group[k], path, f"data/{k}", ends)
             check_finite(raw[k], path, f"data/{k}", episode_ends=ends)
     img = raw.pop("img")
     data = {"image": img, "agent_pos": raw["state"][:, :2].astype(np.float32), "action": raw["action"].astype(np.float32)}
@@ -140,7 +231,7 @@ def describe_pusht_zarr(path) -> dict:
     root = _open(path)
     _check_layout(root, path)
     group = root["data"]
-    raw_ends = np.asarray(root["meta"]["episode_ends"][:])
+    raw_ends = np.asarray(_read_rows(root["meta"]["episode_ends"], path, "meta/episode_ends"))
     keys = {f"data/{k}": {"shape": list(group[k].shape), "dtype": str(group[k].dtype)} for k in group.array_keys()}
     keys["meta/episode_ends"] = {"shape": list(raw_ends.shape), "dtype": str(raw_ends.dtype)}
     problems = []
@@ -154,19 +245,23 @@ def describe_pusht_zarr(path) -> dict:
         try:
             if k == "img" or is_image(arr.shape):
                 keys[name]["image"] = "refused"
-                keys[name]["image"] = IMAGE_CASES[image_case(sample_frames(arr), path, name)]
+                keys[name]["image"] = IMAGE_CASES[image_case(_sample(arr, path, name, ends), path, name)]
+                verify_chunks(arr, path, name, ends)  # a damaged chunk anywhere is what training would meet
             else:
-                check_finite(arr[:], path, name, episode_ends=ends)
+                check_finite(_read_rows(arr, path, name, ends), path, name, episode_ends=ends)
         except ValueError as exc:
             problems.append(str(exc))
-    action = group["action"][:]
+    try:
+        action = _read_rows(group["action"], path, "data/action", ends)
+    except ValueError:  # listed above
+        action = np.zeros((0,) + group["action"].shape[1:], np.float32)
     info = {
         "format": "pusht_zarr",
         "path": str(path),
         "valid": not problems,
         "problems": problems,
         "episodes": int(len(raw_ends)),
-        "frames": int(len(action)),
+        "frames": int(group["action"].shape[0]),
     }
     if ends is not None and len(ends):
         lengths = np.diff(ends, prepend=0)

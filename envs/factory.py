@@ -7,6 +7,7 @@ Workers are started with ``spawn``: forked OpenGL/EGL contexts crash.
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import traceback
 
 TASKS = ("pusht", "lift", "can")
@@ -38,6 +39,7 @@ def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = N
 
 
 def _worker(conn, task: str, kwargs: dict) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it closes the pool and reports once
     try:
         env = make_env(task, **kwargs)
     except Exception:

@@ -25,6 +25,7 @@ from .masks import KINDS, LOOKHERE_DIRECTIONS, make_pattern
 from .sparse import AttentionCache
 
 IMPLS = ("dense", "sparse", "auto")
+SPARSE_KINDS = ("fibottention", "lookhere")  # the patterns sparse.can_run computes
 MASK_MODES = ("additive", "multiplicative")
 
 
@@ -64,6 +65,9 @@ class AttentionConfig:
             raise ValueError(f"attention.kind={self.kind!r} is unknown; known kinds: {', '.join(KINDS)}")
         if self.impl not in IMPLS:
             raise ValueError(f"attention.impl={self.impl!r} is unknown; choose one of {', '.join(IMPLS)}")
+        if self.impl == "sparse" and self.kind not in SPARSE_KINDS:  # it would run dense while recorded as sparse
+            raise ValueError(f"attention.impl=sparse: {self.kind} attention has no sparse path (only "
+                             f"{', '.join(SPARSE_KINDS)}); use attention.impl=dense or auto")
         if self.mask_mode not in MASK_MODES:
             raise ValueError(f"attention.mask_mode={self.mask_mode!r} is unknown; choose one of {', '.join(MASK_MODES)}")
         if self.mask_mode == "multiplicative":

@@ -1,0 +1,338 @@
+"""The reliability round (issue 30): nothing the package did not write is deleted, every mismatch is
+refused before work starts, every damaged file is named, Ctrl-C ends in one line."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from core import evaluation
+from core.cli import INTERRUPTED_EXIT
+from core.training import train
+from datasets.describe import main as describe_main
+from datasets.factory import make_dataset
+from datasets.generate import generate
+from datasets.robomimic_hdf5 import TASK_ENV_NAMES, read_robomimic_hdf5, write_robomimic_hdf5
+from datasets.zarr_replay import read_pusht_zarr, write_pusht_zarr
+from tests.helpers import REPO, TINY_POLICY, compose, pusht_episodes, tiny_train_cfg
+
+LIFT_OBS = {"agentview_image": (84, 84, 3), "robot0_eye_in_hand_image": (84, 84, 3), "robot0_eef_pos": (3,),
+            "robot0_eef_quat": (4,), "robot0_gripper_qpos": (2,)}  # configs/task/lift.yaml
+
+
+def _lift_file(path, env_name="Lift", drop=(), lengths=(6, 5)):
+    rng = np.random.default_rng(0)
+    episodes = []
+    for n in lengths:
+        obs = {k: (rng.integers(0, 256, (n, *s), dtype=np.uint8) if len(s) == 3 else rng.normal(size=(n, *s)).astype(np.float32))
+               for k, s in LIFT_OBS.items() if k not in drop}
+        episodes.append({"actions": rng.uniform(-1, 1, (n, 7)).astype(np.float32), "states": rng.normal(size=(n, 8)),
+                         "rewards": np.zeros(n), "dones": np.r_[np.zeros(n - 1, np.int64), 1], "obs": obs,
+                         "next_obs": obs, "model_file": "<mujoco/>"})
+    write_robomimic_hdf5(path, episodes, {"env_name": env_name, "env_version": "1.5.2", "type": 1, "env_kwargs": {}})
+    return path
+
+
+def _lift_task(path, *extra):
+    return compose(["task=lift", "policy=bc", "recipe=none", f"task.dataset.path={path}", *extra]).task
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+# --- overwrite=true deletes only a run, and only after the new run is checked ------------------------------
+def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path, tiny_pusht_zarr):
+    data = _copy(tiny_pusht_zarr, tmp_path / "X" / "data.zarr")  # the training data inside run_dir
+    cfg = tiny_train_cfg(tmp_path, data, policy="bc", extra=[f"run_dir={tmp_path / 'X'}", "overwrite=true"])
+    with pytest.raises(FileExistsError, match=r"X is a folder holding data.zarr/, not a run of train_policy.py"):
+        train(cfg)
+    assert read_pusht_zarr(data).num_episodes == 3  # untouched
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holding a.txt, not a run"):
+        train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc", extra=[f"run_dir={notes}", "overwrite=true"]))
+    assert (notes / "a.txt").read_text() == "mine" and sorted(p.name for p in notes.iterdir()) == ["a.txt"]
+
+
+def test_overwrite_deletes_the_old_run_only_after_the_new_one_is_checked(tmp_path, tiny_pusht_zarr):
+    train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc", extra=["train.steps=4"]))
+    run = tmp_path / "run"
+    (run / "notes.txt").write_text("mine")  # the user's file beside the run
+    with pytest.raises(FileNotFoundError, match="typo.zarr does not exist"):
+        train(tiny_train_cfg(tmp_path, tmp_path / "typo.zarr", policy="bc", extra=["overwrite=true"]))
+    assert (run / "checkpoints" / "step_0000004").is_dir()  # the finished run is still there
+    with pytest.raises(ValueError, match="train.steps must be >= 1"):
+        train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc", extra=["overwrite=true", "train.steps=0"]))
+    assert (run / "checkpoints" / "step_0000004").is_dir()
+    train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc", extra=["overwrite=true"]))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last", "step_0000002"]
+    assert (run / "notes.txt").read_text() == "mine"  # only what a run writes was deleted
+    assert json.loads((run / ".run").read_text())["written_by"] == "train_policy.py"
+
+
+def test_a_run_from_before_the_marker_still_counts_as_a_run(tmp_path, tiny_pusht_zarr):
+    train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc", extra=["train.steps=4"]))
+    (tmp_path / "run" / ".run").unlink()  # as written before the marker existed: checkpoints/ + config.json
+    train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc", extra=["overwrite=true"]))
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["last", "step_0000002"]
+
+
+def test_a_failed_fresh_run_leaves_no_folder(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        train(tiny_train_cfg(tmp_path, tmp_path / "typo.zarr", policy="bc"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_dir_that_is_a_file_is_refused(tmp_path, tiny_pusht_zarr):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileExistsError, match=r"run_dir=.*afile is a file \(1 bytes\), not a folder"):
+        train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc", extra=[f"run_dir={tmp_path / 'afile'}"]))
+    with pytest.raises(FileExistsError, match=r"cannot be created: .*afile is a file"):
+        train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc", extra=[f"run_dir={tmp_path / 'afile' / 'sub'}"]))
+
+
+def _without_dac(cmd: list[str]) -> list[str]:
+    """Root ignores file permissions: drop the capability (as the issue's probes do)."""
+    if os.geteuid() != 0:
+        return cmd
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: a read-only folder cannot be tested")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}", *cmd]
+
+
+def test_read_only_run_dir_parent_is_one_line(tmp_path, tiny_pusht_zarr):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    args = ["train_policy.py", "task=pusht", "policy=bc", "recipe=none", f"task.dataset.path={tiny_pusht_zarr}",
+            f"run_dir={ro / 'run'}", "train.steps=1", *TINY_POLICY]
+    proc = subprocess.run(_without_dac([sys.executable, *args]), cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (f"train_policy.py: error: run_dir={ro / 'run'} cannot be written: {ro} "
+                                                    f"is read-only for this user; make it writable or choose another run_dir=")
+    assert "Traceback" not in proc.stderr and list(ro.iterdir()) == []
+
+
+# --- python -m datasets.generate overwrite=true replaces only a dataset --------------------------------------
+def test_generate_overwrite_replaces_only_a_dataset(tmp_path, tiny_pusht_zarr):
+    train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc"))
+    with pytest.raises(FileExistsError, match=r"out=.*run is a folder holding .run, checkpoints/, config.json, tb/, not a PushT zarr"):
+        generate("pusht", 1, tmp_path / "run", overwrite=True, progress=False)
+    assert (tmp_path / "run" / "checkpoints" / "last").is_dir()
+    lift_out = _lift_file(tmp_path / "lift.hdf5")
+    with pytest.raises(FileExistsError, match="not a PushT zarr replay buffer"):
+        generate("pusht", 1, lift_out, overwrite=True, progress=False)
+    with pytest.raises(FileExistsError, match="not a robomimic hdf5 file"):
+        generate("lift", 1, tmp_path / "run", overwrite=True, progress=False)
+    data = _copy(tiny_pusht_zarr, tmp_path / "data.zarr")  # a dataset is replaced
+    report = generate("pusht", 1, data, overwrite=True, progress=False, max_attempts=5)
+    assert report["episodes"] == 1 and read_pusht_zarr(data).num_episodes == 1
+
+
+def test_generate_refuses_an_out_it_cannot_write_before_any_episode(tmp_path, monkeypatch):
+    import datasets.generate as gen
+
+    monkeypatch.setattr(gen, "_collect", lambda job: pytest.fail("an episode ran"))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileExistsError, match=r"out=.*afile/d.zarr cannot be created: .*afile is a file"):
+        generate("pusht", 1, tmp_path / "afile" / "d.zarr", progress=False)
+
+
+# --- resume fingerprints the data ------------------------------------------------------------------------
+def test_resume_refuses_changed_data_naming_what_changed(tmp_path, tiny_pusht_zarr, capsys):
+    data = _copy(tiny_pusht_zarr, tmp_path / "data.zarr")
+    train(tiny_train_cfg(tmp_path, data, policy="bc"))
+    resume = ["resume=true", "train.steps=3"]
+    shutil.rmtree(data)
+    write_pusht_zarr(data, pusht_episodes((14, 10, 12, 11)))  # the same path, one episode more
+    with pytest.raises(ValueError, match=r"cannot resume .*last: the dataset .*data.zarr changed since it was written "
+                                         r"\(episodes 3 -> 4, frames 36 -> 47\)"):
+        train(tiny_train_cfg(tmp_path, data, policy="bc", extra=resume))
+    episodes = pusht_episodes((14, 10, 12))
+    episodes[1]["action"][3] += 1.0  # the same episodes, one action changed
+    write_pusht_zarr(data, episodes, overwrite=True)
+    with pytest.raises(ValueError, match=r"changed since it was written \(the contents of 'action'\)"):
+        train(tiny_train_cfg(tmp_path, data, policy="bc", extra=resume))
+    write_pusht_zarr(data, pusht_episodes((14, 10, 12)), overwrite=True)  # the data it trained on, rewritten
+    assert train(tiny_train_cfg(tmp_path, data, policy="bc", extra=resume)).step == 3
+
+
+def test_a_checkpoint_without_a_fingerprint_resumes_with_a_note(tmp_path, tiny_pusht_zarr, capsys):
+    train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc"))
+    state_path = tmp_path / "run" / "checkpoints" / "last" / "training_state.json"
+    skeleton = json.loads(state_path.read_text())
+    del skeleton["__dict__"]["data_fingerprint"]  # as written before fingerprints
+    state_path.write_text(json.dumps(skeleton))
+    assert train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc", extra=["resume=true", "train.steps=3"])).step == 3
+    assert "records no data fingerprint" in capsys.readouterr().out
+
+
+# --- data of another task, a camera no demo has -----------------------------------------------------------
+def test_a_robomimic_file_of_another_task_is_refused(tmp_path):
+    can = _lift_file(tmp_path / "can.hdf5", env_name="PickPlaceCan")
+    with pytest.raises(ValueError, match=r"can.hdf5 was recorded in PickPlaceCan \(data.attrs env_args.env_name\), but "
+                                         r"task=lift runs Lift; pass task=can, or the Lift dataset with task.dataset.path="):
+        make_dataset(_lift_task(can))
+    assert make_dataset(_lift_task(_lift_file(tmp_path / "lift.hdf5"))).num_episodes == 2
+
+
+def test_task_env_names_match_the_environments():
+    from envs.robosuite_tasks import TASK_TO_ENV_NAME
+
+    assert TASK_ENV_NAMES == TASK_TO_ENV_NAME
+
+
+def test_a_camera_missing_from_every_demo_names_the_fix(tmp_path):
+    path = _lift_file(tmp_path / "lift.hdf5", drop=("robot0_eye_in_hand_image",))
+    with pytest.raises(ValueError, match=r"\['robot0_eye_in_hand_image'\] not present.*drop it from the task with "
+                                         r"task.input_shapes.robot0_eye_in_hand_image=null$"):
+        make_dataset(_lift_task(path))
+    task = _lift_task(path, "task.input_shapes.robot0_eye_in_hand_image=null")
+    assert "robot0_eye_in_hand_image" not in make_dataset(task).data
+
+
+def test_the_missing_dataset_hint_writes_what_the_recipe_reads(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the recipe's relative path does not exist here
+    task = compose(["task=pusht", "policy=diffusion"]).task  # recipe=cpu, the default
+    assert task.dataset.path == "data/pusht/demos1000.zarr"
+    with pytest.raises(FileNotFoundError, match=r"generate it with: python -m datasets.generate task=pusht "
+                                                r"num_episodes=1000 out=data/pusht/demos1000.zarr$"):
+        make_dataset(task)
+
+
+# --- composition ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("config, overrides, message", [
+    ("config", ["+train.stepz=5"], "unknown key train.stepz (given with or without +): train has no such setting; "
+                                   "did you mean train.steps?"),
+    ("config", ["+foo=1"], "unknown key foo (given with or without +): the config has no such setting"),
+    ("config", ["+policy.vit.dimm=3"], "did you mean policy.vit.dim?"),
+    ("rollout", ["checkpoint=x", "+foo=1"], "unknown key foo"),
+    ("generate", ["task=pusht", "+num_episodez=3"], "did you mean num_episodes?"),
+    ("rollout", ["checkpoint=x", "task=lift"], "task= cannot be chosen at rollout: the checkpoint fixes the task"),
+    ("config", ["attention=full", "attention.impl=sparse"], "attention.impl=sparse: full attention has no sparse path"),
+    ("config", ["attention=bigbird", "attention.impl=sparse"], "bigbird attention has no sparse path"),
+])
+def test_composition_refuses_in_one_line(config, overrides, message):
+    with pytest.raises(ValueError) as e:
+        compose(overrides, config)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sparse_is_recorded_only_where_it_runs():
+    for kind in ("fibottention", "lookhere"):  # the kinds whose sparse path exists
+        assert compose([f"attention={kind}", "attention.impl=sparse"]).attention.impl == "sparse"
+    assert compose(["+task.input_shapes.extra=[2]"]).task.input_shapes["extra"] == [2]  # a dict takes new keys
+
+
+# --- damaged files ----------------------------------------------------------------------------------------
+def test_a_damaged_zarr_chunk_names_file_key_chunk_and_episode(tmp_path, capsys):
+    path = tmp_path / "d.zarr"
+    write_pusht_zarr(path, pusht_episodes((14, 10, 12)))
+    os.truncate(path / "data" / "img" / "0.0.0.0", 1000)
+    expected = (f"{path}: data/img (chunk file data/img/0.0.0.0: frames 0-35, episodes 0-2) cannot be read, the file is "
+                f"damaged (")
+    with pytest.raises(ValueError) as e:
+        read_pusht_zarr(path)
+    assert str(e.value).startswith(expected) and str(e.value).endswith("regenerate it or restore it from a copy")
+    with pytest.raises(ValueError, match="data/img/0.0.0.0"):
+        train(tiny_train_cfg(tmp_path, path, policy="bc"))
+    assert describe_main([str(path)]) == 1
+    assert f"  INVALID: {expected}" in capsys.readouterr().out
+
+
+def test_a_damaged_hdf5_chunk_names_file_key_and_episode(tmp_path, capsys):
+    path = _lift_file(tmp_path / "lift.hdf5")
+    with h5py.File(path, "r") as f:
+        info = f["data/demo_1/obs/agentview_image"].id.get_chunk_info(0)  # a gzip chunk of episode 1
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + info.size // 2)
+        fh.write(b"\xff" * 64)
+    with pytest.raises(ValueError) as e:
+        read_robomimic_hdf5(path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: data/demo_1/obs/agentview_image (episode 1) cannot be read, the file is damaged (OSError")
+    assert "\n" not in message
+    with pytest.raises(ValueError, match=r"data/demo_1/obs/agentview_image \(episode 1\)"):
+        make_dataset(_lift_task(path))
+    assert describe_main([str(path)]) == 1
+    assert f"INVALID: {path}: data/demo_1/obs/agentview_image (episode 1) cannot be read" in capsys.readouterr().out
+
+
+# --- rollout.py checks its out_dir before any episode -------------------------------------------------------
+def test_rollout_out_dir_that_is_a_file_is_refused_before_the_policy_loads(tmp_path, tiny_pusht_zarr, monkeypatch):
+    ckpt = train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc")).checkpoint
+    monkeypatch.setattr(evaluation, "load_policy", lambda *a, **k: pytest.fail("the policy loaded"))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileExistsError, match=r"out_dir=.*afile is a file \(1 bytes\), not a folder; choose another out_dir="):
+        evaluation.run(compose([f"checkpoint={ckpt}", f"out_dir={tmp_path / 'afile'}", "num_episodes=1"], "rollout"))
+
+
+# --- Ctrl-C: one line, saying what was written ----------------------------------------------------------
+def _interrupt(args: list[str], ready, limit: float = 240.0) -> subprocess.CompletedProcess:
+    """Start a command in a session of its own, wait until ``ready(output_so_far)``, SIGINT its process
+    group (what Ctrl-C in a terminal does), and return how it ended."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    chunks: list[str] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(64), "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + limit
+    while not ready("".join(chunks)) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, "".join(chunks)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    return subprocess.CompletedProcess(args, proc.returncode, "".join(chunks), "")
+
+
+def _last_line(out: str) -> str:
+    return [line for line in out.replace("\r", "\n").splitlines() if line.strip()][-1]
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_in_training_is_one_line_naming_the_checkpoint(tmp_path, tiny_pusht_zarr):
+    run = tmp_path / "run"
+    args = ["train_policy.py", "task=pusht", "policy=bc", "recipe=none", f"task.dataset.path={tiny_pusht_zarr}",
+            f"run_dir={run}", "train.steps=100000", "train.checkpoint_every=1", "train.batch_size=4",
+            "train.val_fraction=0.34", "train.num_threads=1", *TINY_POLICY]
+    proc = _interrupt(args, lambda out: (run / "checkpoints" / "step_0000002").exists())
+    assert proc.returncode == INTERRUPTED_EXIT and "Traceback" not in proc.stdout
+    assert _last_line(proc.stdout).startswith(f"train_policy.py: interrupted; the newest checkpoint is {run}/checkpoints/")
+    assert _last_line(proc.stdout).endswith(": resume=true continues from it")
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_in_a_rollout_is_one_line_saying_what_was_written(tmp_path, tiny_pusht_zarr):
+    ckpt = train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc")).checkpoint
+    out = tmp_path / "eval"
+    args = ["rollout.py", f"checkpoint={ckpt}", f"out_dir={out}", "num_episodes=100000", "max_steps=3", "workers=1",
+            "num_videos=1", "device=cpu"]
+    proc = _interrupt(args, lambda _: (out / "videos" / "episode_100000.mp4").exists())
+    assert proc.returncode == INTERRUPTED_EXIT and "Traceback" not in proc.stdout, proc.stdout
+    assert _last_line(proc.stdout) == (f"rollout.py: interrupted; 1 file(s) were written under {out} "
+                                       f"(videos/episode_100000.mp4), no summary")
+    assert not (out / "summary.json").exists()
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_in_generation_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "g.zarr"
+    args = ["-m", "datasets.generate", "task=pusht", "num_episodes=1000", f"out={out}", "workers=2"]
+    proc = _interrupt(args, lambda text: "1/1000" in text)
+    assert proc.returncode == INTERRUPTED_EXIT and "Traceback" not in proc.stdout, proc.stdout
+    assert _last_line(proc.stdout) == "python -m datasets.generate: interrupted; nothing was written"
+    assert list(tmp_path.iterdir()) == []
