@@ -17,28 +17,22 @@ from pathlib import Path
 
 import numpy as np
 
+from core.evaluation import wilson_interval
 from studies.records import Record, load, replace_file
 from studies.stats import Estimate, bootstrap_difference, bootstrap_rate, verdict
 
-BEGIN, END, FIX_BEGIN, FIX_END = "<!-- claims:begin -->", "<!-- claims:end -->", "<!-- per-image:begin -->", "<!-- per-image:end -->"
-PER_IMAGE = "policy.vit.input_norm=per_image"  # the fix of claims.md's section 5
+BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
+# the training-side fixes of claims.md, each a table of its own between markers
+PER_IMAGE = "policy.vit.input_norm=per_image"
+AUGMENT = "policy.image_aug.brightness=0.3 policy.image_aug.contrast=0.5"  # torchvision ColorJitter per training image
+FIXES = {"per-image": (PER_IMAGE, "per-image input", ("full", "fibottention")),
+         "augment": (AUGMENT, "photometric augmentation", ("full", "fibottention", "lookhere"))}
+COLLAPSE = 0.5  # a seed "collapses" under a corruption below this success rate (full attention keeps about 0.9)
 ROBOT, MULT = "attention.windows=robot", "attention.mask_mode=multiplicative"
 LABELS = {("full", ""): "full", ("fibottention", ""): "Fibottention", ("fibottention", ROBOT): "Fibottention (robot windows)",
           ("fibottention", MULT): "Fibottention (multiplicative mask)", ("lookhere", ""): "LookHere-90",
           ("lookhere", "attention.variant=45"): "LookHere-45", ("bigbird", ""): "BigBird"}
 ARMS = {"fib": [("fibottention", ""), ("fibottention", ROBOT)], "lookhere": [("lookhere", "")], "bigbird": [("bigbird", "")]}
-# Issue 31 item 4, beside the rows of the authors' two settings; every line number below was read, not assumed
-AUTHORS_CODE = (
-    "† **The authors' robot code trains full attention on a current stack.** In Charlotte-CharMLab/Fibottention (commit "
-    "adf9919), `robot_learning/diffusion_policy/model/vision/vision_transformer.py`, `Attention.__init__` sets `self.fused_attn = "
-    "use_fused_attn()` (line 171); `Attention.forward` (line 182) applies the Fibottention mask only in its `else:` branch (line "
-    "194; the mask multiplies the logits at line 212), while its `if self.fused_attn:` branch (lines 189-193) calls "
-    "`F.scaled_dot_product_attention(q, k, v, dropout_p=...)` with no mask (timm's own `Attention.forward`, `timm/layers/"
-    "attention.py` lines 123-129 in timm 1.0.31, passes its `attn_mask` there). Their environment pins `pytorch=1.12.1` "
-    "(`robot_learning/conda_environment.yaml`, line 11), which has no `scaled_dot_product_attention`, so there the mask applies. "
-    "On torch 2.x timm's `use_fused_attn()` is true unless `TIMM_FUSED_ATTN=0` (timm 1.0.31, `timm/layers/config.py` lines 31-35 "
-    "and 137-143), so the same code trains full attention. The rows marked † here run this package's attention, which applies "
-    "the mask on every path.")
 
 
 def outcomes(recs: list[Record]) -> list[np.ndarray]:
@@ -176,20 +170,34 @@ def diversity(results: Path, task: str, policy: str) -> list[dict]:
     return out
 
 
-def per_image(results: Path, task: str, policy: str) -> list[dict]:
-    """Per-image input per condition, against full attention, itself on the recipe's input, full attention per-image."""
-    rob = rows_of(load(results, "robustness"))
-    out = []
-    for a in ["full", "fibottention"]:
-        for c in sorted({row[5] for row in rob}, key=lambda c: (c != "clean", c)):
-            row = best(rob, task, policy, a, PER_IMAGE, c)
-            against = {"full attention": best(rob, task, policy, "full", "", c),
-                       "itself without": best(rob, task, policy, a, "", c) if a != "full" else None,
-                       "full attention, per-image": best(rob, task, policy, "full", PER_IMAGE, c) if a != "full" else None}
-            if row:
-                out.append({"encoder": LABELS[(a, "")], "condition": spaced(c), "seeds": len(row),
-                            "success": bootstrap_rate(outcomes(row)).fmt(),
-                            **{k: compare(row, r)["effect"] if r else "—" for k, r in against.items()}})
+def fix_table(results: Path, task: str, policy: str, fix: str, encoders=("full", "fibottention")) -> list[dict]:
+    """A training-side fix (extra overrides ``fix``) per encoder and condition, against full attention
+    on the recipe's input, the encoder itself without the fix, and full attention with the fix."""
+    rob, out = rows_of(load(results, "robustness")), []
+    conditions = sorted({row[5] for row in rob}, key=lambda c: (c != "clean", c))
+    for a, c in ((a, c) for a in encoders for c in conditions):
+        if not (row := best(rob, task, policy, a, fix, c)):
+            continue
+        against = {"full attention": ("full", ""), "itself without": (a, "") if a != "full" else None,
+                   "full attention, with the fix": ("full", fix) if a != "full" else None}
+        bases = {k: b and best(rob, task, policy, *b, c) for k, b in against.items()}
+        out.append({"encoder": LABELS[(a, "")], "condition": spaced(c), "seeds": len(row), "success": bootstrap_rate(outcomes(row)).fmt(),
+                    **{k: compare(row, base)["effect"] if base else "—" for k, base in bases.items()}})
+    return out
+
+
+def collapse_share(results: Path, task: str, policy: str, condition: str = "brightness1") -> list[dict]:
+    """The seed lottery: per encoder (recipe, no fix), the seeds under ``COLLAPSE`` success, with a Wilson interval."""
+    rob, out = rows_of(load(results, "robustness")), []
+    for a in ("full", "fibottention"):
+        rates = [r.successes / r.episodes for r in sorted(best(rob, task, policy, a, "", condition) or [], key=lambda r: r.seed)]
+        if not rates:
+            continue
+        k = sum(rate < COLLAPSE for rate in rates)
+        lo, hi = wilson_interval(k, len(rates))
+        out.append({"encoder": LABELS[(a, "")], "condition": spaced(condition), "seeds": len(rates),
+                    "collapsed": f"{k}/{len(rates)} = {100 * k / len(rates):.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]",
+                    "per seed": "/".join(f"{100 * r:.0f}" for r in rates)})
     return out
 
 
@@ -197,9 +205,13 @@ def markdown(header: list[str], rows: list[list]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
 
 
-def write(md: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Put ``text`` between the markers of ``md`` (appended with them if absent)."""
+def write(md: Path, text: str, begin: str = BEGIN, end: str = END, append: bool = True) -> None:
+    """Put ``text`` between the markers of ``md``; where they are absent, append them (``append``) or
+    say where the table would go (the optional tables sit where the prose of claims.md places them)."""
     old, block = md.read_text() if md.exists() else "", f"{begin}\n{text}\n{end}"
+    if begin not in old and not append:
+        print(f"note: {md} has no {begin} ... {end} markers; put them where this table belongs and rerun")
+        return
     replace_file(md, re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, old, flags=re.S) if begin in old
                  else old + ("\n" if old else "") + block + "\n")
 
@@ -222,15 +234,22 @@ def main(argv=None):
     text = markdown(["claim (paper)", "measurement", "value, mean [95% CI] (success, or head diversity)", "effect [95% CI]",
                      "seeds", "verdict"], [[r["claim"], r["measurement"], r.get("rates", ""), r["effect"], r.get("seeds", ""),
                                             r["verdict"]] for r in rows])
-    write(results / "claims.md", text + "\n\n" + AUTHORS_CODE)
-    fixed = per_image(results, args.task, args.policy)
-    if fixed:
-        write(results / "claims.md", markdown(
-            ["encoder, per-image input", "condition", "seeds", "success, mean [95% CI]", "− full attention (recipe input)",
-             "− itself on the recipe input", "− full attention, per-image input"], [list(r.values()) for r in fixed]),
-            FIX_BEGIN, FIX_END)
-    replace_file(results / "claims.json", json.dumps({"task": args.task, "policy": args.policy, "rows": rows, "per_image": fixed},
-                                                     indent=2) + "\n")
+    write(results / "claims.md", text)  # the † note on the authors' code follows the markers, by hand
+    fixed = {}
+    for name, (fix, label, encoders) in FIXES.items():
+        fixed[name] = fix_table(results, args.task, args.policy, fix, encoders)
+        if fixed[name]:
+            write(results / "claims.md", markdown(
+                [f"encoder, {label}", "condition", "seeds", "success, mean [95% CI]", "− full attention (recipe)",
+                 "− itself without it", f"− full attention with {label}"], [list(r.values()) for r in fixed[name]]),
+                f"<!-- {name}:begin -->", f"<!-- {name}:end -->", append=False)
+    if lottery := collapse_share(results, args.task, args.policy):
+        write(results / "claims.md", markdown(["encoder (recipe)", "condition", "seeds", f"seeds below {100 * COLLAPSE:.0f}% [95% CI]",
+                                               "per seed (%)"], [list(r.values()) for r in lottery]),
+              "<!-- lottery:begin -->", "<!-- lottery:end -->", append=False)
+    replace_file(results / "claims.json", json.dumps({"task": args.task, "policy": args.policy, "rows": rows,
+                                                      "per_image": fixed["per-image"], "augment": fixed["augment"],
+                                                      "lottery": lottery}, indent=2) + "\n")
     print(text)
     return rows
 

@@ -1,5 +1,6 @@
 """The seed-then-episode bootstrap: real intervals on known cases."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,7 +67,8 @@ def test_the_claims_table_compares_each_method_with_full_attention_and_keeps_the
     md = (tmp_path / "claims.md").read_text()
     assert md.startswith("# Claims\n\nprose before") and md.rstrip().endswith("prose after") and "old table" not in md
     assert md.count(BEGIN) == 1 and "| More robust to corruptions (Fibottention) |" in md
-    assert "trains full attention on a current stack" in md and "line 171" in md  # issue 31's note beside the † rows
+    committed = Path("results/claims.md").read_text()  # issue 31's note, by hand, right below the table's † rows
+    assert committed.split("<!-- claims:end -->")[1].lstrip().startswith("† **The authors' robot code trains full attention")
     # every study table from the records; a study with none says so and writes nothing
     assert "| lift | bc | fibottention | 4000 |  | brightness1 | 3 | 10% [3, 19] (10/10/10) | -90 [-97, -81] |" in \
         (tmp_path / "robustness" / "table.md").read_text()
@@ -74,24 +76,39 @@ def test_the_claims_table_compares_each_method_with_full_attention_and_keeps_the
 
 
 def test_the_per_image_table_compares_the_fix_with_both_baselines_and_its_own_encoder(tmp_path):
-    from studies.claims import FIX_BEGIN, PER_IMAGE, main
+    from studies.claims import PER_IMAGE, main
 
     def arm(a, extra, clean, bright):
         return [(a, extra, "clean", [(clean, 50)] * 3), (a, extra, "brightness1", [(bright, 30)] * 3)]
     _records(tmp_path, "robustness", [*arm("full", "", 50, 30), *arm("fibottention", "", 50, 3),
                                       *arm("fibottention", f"{PER_IMAGE} train.steps=4000", 45, 27),
                                       *arm("full", PER_IMAGE, 50, 30), *arm("fibottention", "attention.foo=1", 0, 0)])
-    (tmp_path / "claims.md").write_text("# Claims\n")
+    (tmp_path / "claims.md").write_text("# Claims\n\n<!-- per-image:begin -->\n<!-- per-image:end -->\n\nprose after\n")
     main(["--results", str(tmp_path)])
     fixed = json.loads((tmp_path / "claims.json").read_text())["per_image"]
     fib = {r["condition"]: r for r in fixed if r["encoder"] == "Fibottention"}
     assert fib["brightness 1"]["success"].startswith("90% [") and fib["brightness 1"]["seeds"] == 3
     assert fib["brightness 1"]["itself without"].startswith("+80 [")  # 27/30 against 3/30
-    assert fib["clean"]["full attention"].startswith("-10 [") and fib["clean"]["full attention, per-image"].startswith("-10 [")
+    assert fib["clean"]["full attention"].startswith("-10 [") and fib["clean"]["full attention, with the fix"].startswith("-10 [")
     full = {r["condition"]: r for r in fixed if r["encoder"] == "full"}
-    assert full["clean"]["full attention, per-image"] == full["clean"]["itself without"] == "—"
+    assert full["clean"]["full attention, with the fix"] == full["clean"]["itself without"] == "—"
     assert full["clean"]["full attention"].startswith("+0 [")
-    assert (tmp_path / "claims.md").read_text().count(FIX_BEGIN) == 1
+    md = (tmp_path / "claims.md").read_text()
+    assert md.count("<!-- per-image:begin -->") == 1 and "| Fibottention | brightness 1 | 3 | 90% [" in md
+    assert md.index("<!-- per-image:end -->") < md.index("prose after")  # in its place
+    assert "<!-- augment:begin -->" not in md  # no augmentation records, no markers: nothing appended
+
+
+def test_the_lottery_counts_the_seeds_that_collapse_under_a_corruption(tmp_path):
+    from studies.claims import main
+
+    _records(tmp_path, "robustness", [("full", "", "brightness1", [(29, 30)] * 4),
+                                      ("fibottention", "", "brightness1", [(30, 30), (0, 30), (14, 30), (15, 30)])])
+    (tmp_path / "claims.md").write_text("# Claims\n<!-- lottery:begin -->\n<!-- lottery:end -->\n")
+    main(["--results", str(tmp_path)])
+    lottery = {r["encoder"]: r for r in json.loads((tmp_path / "claims.json").read_text())["lottery"]}
+    assert lottery["Fibottention"]["collapsed"] == "2/4 = 50% [15, 85]"  # 0 and 14 of 30 are below half; 15 is not
+    assert lottery["Fibottention"]["per seed"] == "100/0/47/50" and lottery["full"]["collapsed"].startswith("0/4 = 0% [0, ")
 
 
 def test_each_row_is_compared_with_full_attention_less_its_attention_settings():
