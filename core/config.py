@@ -16,7 +16,7 @@ refuses values that can never work.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -153,15 +153,10 @@ class TrainRunConfig:
 
 # --- rollout.py ---------------------------------------------------------------------------------
 @dataclass
-class RolloutConfig(RolloutOptions):
-    """``python rollout.py checkpoint=...``: evaluate a checkpoint, optionally changed at inference."""
+class InferenceOverrides:
+    """Changes to a checkpoint at rollout, without retraining: ``rollout.py``'s options, a study's
+    evaluation settings and ``core.evaluation.evaluate_checkpoint``'s, recorded in the summary."""
 
-    checkpoint: str = MISSING  # a checkpoint directory, or a run directory (its newest complete checkpoint)
-    out_dir: Optional[str] = None  # default: <run>/eval/<checkpoint>_seed<seed>[_<options>]
-    overwrite: bool = False  # replace an earlier evaluation in out_dir
-    device: str = "auto"
-    max_steps: Optional[int] = None  # cap on episode length (default: the task's)
-    # inference-time changes, recorded in the summary
     image_size: Optional[int] = None  # render the cameras at N x N
     n_action_steps: Optional[int] = None  # Ta: replan more or less often
     num_inference_steps: Optional[int] = None  # diffusion: DDIM steps
@@ -173,17 +168,37 @@ class RolloutConfig(RolloutOptions):
     corruption: Optional[Any] = None
 
     def __post_init__(self):
-        super().__post_init__()
         from envs.corruptions import parse_corruptions
 
         parse_corruptions(self.corruption)  # refused here, before the checkpoint loads or an episode runs
-        _at_least("", self, ("num_episodes", "image_size", "n_action_steps", "num_inference_steps", "max_steps"), 1)
+        _at_least("", self, ("image_size", "n_action_steps", "num_inference_steps"), 1)
         _at_least("", self, ("w_max",), 0)
         if self.offset_grid is not None and self.offset_grid != "train":
             grid = list(self.offset_grid) if isinstance(self.offset_grid, (list, tuple)) else []
             if len(grid) != 2 or not all(isinstance(v, int) and v >= 1 for v in grid):
                 raise ValueError(f"offset_grid={self.offset_grid!r}: give train or [rows, cols]")
             self.offset_grid = grid
+
+    def overrides(self) -> "InferenceOverrides":
+        """The overrides alone (a ``RolloutConfig`` carries them among its other options)."""
+        return InferenceOverrides(**{f.name: getattr(self, f.name) for f in fields(InferenceOverrides)})
+
+
+@dataclass
+class RolloutConfig(InferenceOverrides, RolloutOptions):
+    """``python rollout.py checkpoint=...``: evaluate a checkpoint, optionally changed at inference
+    (the options of ``InferenceOverrides``)."""
+
+    checkpoint: str = MISSING  # a checkpoint directory, or a run directory (its newest complete checkpoint)
+    out_dir: Optional[str] = None  # default: <run>/eval/<checkpoint>_seed<seed>[_<options>]
+    overwrite: bool = False  # replace an earlier evaluation in out_dir
+    device: str = "auto"
+    max_steps: Optional[int] = None  # cap on episode length (default: the task's)
+
+    def __post_init__(self):
+        RolloutOptions.__post_init__(self)
+        InferenceOverrides.__post_init__(self)
+        _at_least("", self, ("num_episodes", "max_steps"), 1)
 
 
 # --- python -m datasets.generate ----------------------------------------------------------------
