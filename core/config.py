@@ -263,6 +263,35 @@ def compose(config_name: str = "config", overrides: list[str] | tuple[str, ...] 
     return to_object(cfg)
 
 
+def recipe_report(choices: dict, overrides: list[str]) -> list[str]:
+    """What a composition's recipe did: the pieces it applied (Hydra's ``runtime.choices``), and each
+    task setting that differs from the same command line with ``recipe=none`` (cameras, dataset, crop)."""
+    import warnings
+
+    pieces = [f"recipe/{choices['recipe']}"] + sorted(  # the optional pieces that exist
+        path for group, choice in choices.items() if group.startswith("recipe/") and choice
+        for path in [f"{group.split('@')[0]}/{choice}"] if (CONFIG_DIR / f"{path}.yaml").exists())
+    lines = [f"recipe pieces: {', '.join(pieces)}"]
+    with_recipe = to_dict(compose("config", overrides).task)
+    with warnings.catch_warnings():  # a comparison only: the run's own config has warned already
+        warnings.simplefilter("ignore")
+        without = to_dict(compose("config", [o for o in overrides if not o.startswith("recipe=")] + ["recipe=none"]).task)
+    for key, (new, old) in sorted(_diff(with_recipe, without).items()):
+        lines.append(f"recipe changed task.{key}: {old!r} -> {new!r}")
+    return lines
+
+
+def _diff(new: dict, old: dict, prefix: str = "") -> dict:
+    out = {}
+    for key in sorted(set(new) | set(old)):
+        a, b = new.get(key), old.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.update(_diff(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out[prefix + key] = (a, b)
+    return out
+
+
 def to_dict(obj) -> dict:
     """A config dataclass -> plain dict (what checkpoints and summaries store)."""
     return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)

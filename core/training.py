@@ -416,10 +416,26 @@ def validate(policy, dataset, batch_size: int, device, max_batches: int = VAL_MA
     return float(np.mean(losses))
 
 
+def _print_recipe() -> None:
+    """Under ``train_policy.py`` (Hydra's command line): which recipe pieces applied, and what they
+    changed in the task."""
+    import os
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from .config import recipe_report
+
+    if not HydraConfig.initialized() or int(os.environ.get("RANK", "0")) != 0:
+        return
+    hydra_cfg = HydraConfig.get()
+    print("\n".join(recipe_report(dict(hydra_cfg.runtime.choices), list(hydra_cfg.overrides.task))))
+
+
 def run(cfg: TrainRunConfig) -> TrainResult:
-    """What ``train_policy.py`` does: train, then leave torchrun's process group."""
+    """What ``train_policy.py`` does: say what the recipe did, train, then leave torchrun's process group."""
     import torch.distributed as dist
 
+    _print_recipe()
     try:
         return train(cfg)
     finally:

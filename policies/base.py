@@ -41,6 +41,9 @@ class PolicyConfig:
     # False where the network's output size depends on it
     inference_action_steps: ClassVar[bool] = True
     crop_size: int = 84
+    # true: the last crop_size % patch_size pixel rows and columns are knowingly left unseen (the ViT's
+    # patch grid covers crop_size // patch_size patches); false: such a crop is warned about
+    drop_crop_remainder: bool = False
     share_vit: bool = False  # one ViT for all cameras, or one each
     image_aug: ImageAugConfig = field(default_factory=ImageAugConfig)
     vit: ViTConfig = field(default_factory=ViTConfig)
@@ -71,9 +74,10 @@ class PolicyConfig:
         if self.crop_size < self.vit.patch_size:
             raise ValueError(f"task.crop_size ({self.crop_size}) is smaller than one {self.vit.patch_size}-px patch; "
                              "lower policy.vit.patch_size or raise the crop")
-        if self.crop_size % self.vit.patch_size:
+        if self.crop_size % self.vit.patch_size and not self.drop_crop_remainder:
             warnings.warn(f"task.crop_size {self.crop_size} is not a multiple of the {self.vit.patch_size}-px patch: "
-                          f"the last {self.crop_size % self.vit.patch_size} pixel rows and columns are never seen")
+                          f"the last {self.crop_size % self.vit.patch_size} pixel rows and columns are never seen; "
+                          f"choose a multiple, or pass policy.drop_crop_remainder=true if that is what you want")
         # the patch grid of the training crop: the learned position embedding is made for it
         self.vit.base_grid = (self.crop_size // self.vit.patch_size,) * 2
 

@@ -155,7 +155,7 @@ def test_budget_and_command_line_overrides_reach_every_cell():
     assert cells[0].overrides()[-3:] == ["policy.n_obs_steps=1", "train.lr=1e-3", "train.max_episodes=5"]
     cfg = cells[0].config()
     assert (cfg.policy.n_obs_steps, cfg.train.lr, cfg.train.max_episodes) == (1, 1e-3, 5)
-    assert [c.config().train.steps for c in cells] == [4000, 4000, 5000, 5000]  # from configs/recipe/by_policy/cpu/
+    assert [c.config().train.steps for c in cells] == [4000, 4000, 5000, 5000]  # from configs/recipe/pair/cpu/
     assert len({c.key for c in cells}) == 4
 
 
