@@ -7,14 +7,10 @@ import torch
 from policies.base import make_policy, make_policy_config
 from policies.checkpoint import load_policy, save_checkpoint
 
-ACT_MIN, ACT_MAX = np.array([0.0, -5.0], np.float32), np.array([512.0, 5.0], np.float32)
-STATS = {"agent_pos": {"min": np.zeros(2, np.float32), "max": np.full(2, 512.0, np.float32)},
-         "action": {"min": ACT_MIN, "max": ACT_MAX}}
-TINY = dict(
-    input_shapes={"image": [3, 32, 32], "agent_pos": [2]}, action_dim=2, crop_size=24, horizon=6,
-    rnn_hidden_dim=32, rnn_num_layers=2, num_modes=1,
-    vit=dict(patch_size=8, dim=32, depth=1, num_heads=2, out_dim=16, base_grid=[3, 3]),
-)
+from tests.helpers import ACT_MAX, ACT_MIN, TINY_ENCODER
+from tests.helpers import TINY_STATS as STATS
+
+TINY = dict(TINY_ENCODER, horizon=6, rnn_hidden_dim=32, rnn_num_layers=2, num_modes=1)
 
 
 def tiny_rnn(**fields):
