@@ -174,7 +174,7 @@ def lookhere_head_plan(
     return plan
 
 
-def lookhere_layer_slope(layer: int, depth: int, first: float = 1.5, last: float = 0.5) -> float:
+def lookhere_layer_slope(layer: int, depth: int, first: float, last: float) -> float:
     """s_layer falls linearly from ``first`` (layer 0) to ``last`` (layer depth-1)."""
     if depth <= 1:
         return first
@@ -295,6 +295,8 @@ class LookHerePattern:
     undirected_slope: float
     undirected_slope_ratio: float
     rotate_directions: bool
+    first_layer_slope: float
+    last_layer_slope: float
     layer: int = 0
     depth: int = 1
     kind: str = "lookhere"
@@ -313,7 +315,7 @@ class LookHerePattern:
 
     def head_slopes(self) -> list[float]:
         """Total slope s_global * s_layer * s_head per head."""
-        s_layer = lookhere_layer_slope(self.layer, self.depth)
+        s_layer = lookhere_layer_slope(self.layer, self.depth, self.first_layer_slope, self.last_layer_slope)
         return [self.global_slope * s_layer * s for _, s in self.plan()]
 
     def bias_at(self, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
