@@ -18,6 +18,10 @@ from dataclasses import KW_ONLY, dataclass
 import torch
 
 PHI = (1.0 + math.sqrt(5.0)) / 2.0
+# Per-layer seeds of the fixed random choices (prime strides, so layers never share a stream): the
+# same in training and at evaluation, and part of what a checkpoint's masks are
+FIB_SHUFFLE_SEED_STRIDE = 10_007  # Fibottention's head-to-row shuffle of layer l: seed stride * (l + 1)
+BIGBIRD_RANDOM_SEED_STRIDE = 7919  # BigBird's random keys of layer l: seed stride * (l + 1)
 
 # ------------------------------------------------------------------------------------------
 # Fibottention (Rahimian et al., 2024)
@@ -98,7 +102,7 @@ def fibottention_head_offsets(
 
 def layer_permutation(num_heads: int, layer: int) -> list[int]:
     """Deterministic per-layer assignment of Wythoff rows to heads (same in train and eval)."""
-    gen = torch.Generator().manual_seed(10_007 * (layer + 1))
+    gen = torch.Generator().manual_seed(FIB_SHUFFLE_SEED_STRIDE * (layer + 1))
     return torch.randperm(num_heads, generator=gen).tolist()
 
 
@@ -358,7 +362,7 @@ class BigBirdPattern:
         idx = torch.arange(p, device=device)
         allowed = (idx[None, :] - idx[:, None]).abs() <= self.band  # (P, P)
         allowed = allowed.expand(self.num_heads, p, p).clone()
-        gen = torch.Generator().manual_seed(7919 * (self.layer + 1))
+        gen = torch.Generator().manual_seed(BIGBIRD_RANDOM_SEED_STRIDE * (self.layer + 1))
         rand = torch.randint(0, p, (self.num_heads, p, self.random_per_row), generator=gen).to(device)
         allowed.scatter_(-1, rand, True)
         patch = torch.zeros(self.num_heads, p, p, device=device).masked_fill_(~allowed, -math.inf)
