@@ -40,6 +40,8 @@ class PolicyConfig:
     # whether Ta may change at rollout without retraining (it only sets how often the policy replans);
     # False where the network's output size depends on it
     inference_action_steps: ClassVar[bool] = True
+    # nested config -> the flat fields it held in checkpoints written before it existed (see upgrade)
+    legacy_fields: ClassVar[dict[str, tuple[str, ...]]] = {}
     crop_size: int = 84
     # true: the last crop_size % patch_size pixel rows and columns are knowingly left unseen (the ViT's
     # patch grid covers crop_size // patch_size patches); false: such a crop is warned about
@@ -101,6 +103,17 @@ class PolicyConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def upgrade(cls, fields: dict) -> dict:
+        """A saved config's fields in today's layout: flat fields an older checkpoint holds move
+        into the nested config that owns them now (``legacy_fields``)."""
+        fields = dict(fields)
+        for nested, names in cls.legacy_fields.items():
+            moved = {name: fields.pop(name) for name in names if name in fields}
+            if moved:
+                fields[nested] = {**moved, **(fields.get(nested) or {})}
+        return fields
 
 
 class Acting:

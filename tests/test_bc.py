@@ -70,7 +70,7 @@ def test_gmm_low_noise_samples_are_mode_means_within_the_data_range():
     # the same generator seed gives the same chunk; without low noise the samples spread out
     again = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(out, again, rtol=0, atol=0)
-    policy.config.low_noise_eval = False
+    policy.config.gmm.low_noise_eval = False
     noisy = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(1))
     assert (noisy - out).abs().max() > 1e-2
 
@@ -120,7 +120,7 @@ def test_select_action_replans_every_n_action_steps(monkeypatch, head):
 
 
 def test_gmm_checkpoint_round_trip(tmp_path):
-    policy = tiny_bc(head="gmm", gmm_over="step", num_modes=3)
+    policy = tiny_bc(head="gmm", gmm_over="step", gmm=dict(num_modes=3))
     save_checkpoint(tmp_path / "ckpt", policy)
     loaded = load_policy(tmp_path / "ckpt", expected_policy="bc")
     assert loaded.config.head == "gmm" and loaded.config.gmm_over == "step"

@@ -10,7 +10,7 @@ from policies.checkpoint import load_policy, save_checkpoint
 from tests.helpers import ACT_MAX, ACT_MIN, TINY_ENCODER
 from tests.helpers import TINY_STATS as STATS
 
-TINY = dict(TINY_ENCODER, horizon=6, rnn_hidden_dim=32, rnn_num_layers=2, num_modes=1)
+TINY = dict(TINY_ENCODER, horizon=6, rnn_hidden_dim=32, rnn_num_layers=2, gmm=dict(num_modes=1))
 
 
 def tiny_rnn(**fields):
@@ -48,14 +48,14 @@ def frame(ep, t):
 
 def test_defaults_are_robomimics():
     c = make_policy_config("bc_rnn", **{k: v for k, v in TINY.items() if k not in ("horizon", "rnn_hidden_dim",
-                                                                                     "rnn_num_layers", "num_modes")})
+                                                                                     "rnn_num_layers", "gmm")})
     assert (c.n_obs_steps, c.horizon, c.n_action_steps, c.rnn_steps, c.window_obs_steps) == (1, 10, 1, 10, 10)
-    assert (c.rnn_hidden_dim, c.rnn_num_layers, c.num_modes, c.min_std, c.std_activation, c.low_noise_eval) == (
+    assert (c.rnn_hidden_dim, c.rnn_num_layers, c.gmm.num_modes, c.gmm.min_std, c.gmm.std_activation, c.gmm.low_noise_eval) == (
         400, 2, 5, 1e-4, "softplus", True)
     assert c.hidden_dims == [] and c.state_reset_every == 10
 
 
-@pytest.mark.parametrize("fields", [dict(num_modes=5), dict(n_obs_steps=2, n_image_obs_steps=1, horizon=7, n_action_steps=2)],
+@pytest.mark.parametrize("fields", [dict(gmm=dict(num_modes=5)), dict(n_obs_steps=2, n_image_obs_steps=1, horizon=7, n_action_steps=2)],
                          ids=str)
 def test_loss_decreases_on_a_fixed_batch(fields):
     policy = tiny_rnn(**fields)
@@ -124,7 +124,7 @@ def test_rollout_state_resets_every_training_unroll_by_default():
 
 
 def test_parallel_environments_keep_separate_states():
-    policy = tiny_rnn(reset_every=0, num_modes=1).eval()
+    policy = tiny_rnn(reset_every=0, gmm=dict(num_modes=1)).eval()
     a, b, b2 = episode(8, seed=3), episode(8, seed=4), episode(8, seed=5)
     both = lambda x, y, t: {k: torch.cat([frame(x, t)[k], frame(y, t)[k]]) for k in ("image", "agent_pos")}
     with_b = torch.stack([policy.select_action(both(a, b, t)) for t in range(8)], 1)
@@ -208,7 +208,7 @@ def _evaluate_with_fake_pool(monkeypatch, policy, n_envs):
 
 @pytest.mark.parametrize("n_action_steps", [1, 2])
 def test_evaluate_gives_every_environment_its_own_state(monkeypatch, n_action_steps):
-    policy = tiny_rnn(reset_every=0, num_modes=1, n_action_steps=n_action_steps)
+    policy = tiny_rnn(reset_every=0, gmm=dict(num_modes=1), n_action_steps=n_action_steps)
     one = _evaluate_with_fake_pool(monkeypatch, policy, 1)  # episodes one after another in one environment
     three = _evaluate_with_fake_pool(monkeypatch, policy, 3)  # staggered episodes, environments reused
     assert sorted(one) == sorted(three) == list(range(5))
@@ -262,3 +262,24 @@ def test_train_and_evaluate_checkpoint_end_to_end(tmp_path, tiny_pusht_zarr):
     assert same["n_action_steps"] == 1
     with pytest.raises(OverrideError, match="n_action_steps= cannot change at rollout for a 'bc_rnn' checkpoint"):
         evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=2, num_videos=0, progress=False, n_action_steps=4)
+
+
+def test_a_checkpoint_with_the_flat_gmm_fields_of_before_loads(tmp_path):
+    """Checkpoints written before policy.gmm held num_modes, min_std, std_activation, low_noise_eval
+    among the policy's own fields: they load into policy.gmm."""
+    import json
+
+    policy = tiny_rnn(gmm=dict(num_modes=2, min_std=1e-3)).eval()
+    save_checkpoint(tmp_path / "ckpt", policy, cfg={"policy": policy.config.to_dict()})
+    meta_path = tmp_path / "ckpt" / "config.json"
+    meta = json.loads(meta_path.read_text())
+    for section in (meta["policy_config"], meta["cfg"]["policy"]):
+        section.update(section.pop("gmm"))  # the old, flat layout
+    meta_path.write_text(json.dumps(meta))
+    loaded = load_policy(tmp_path / "ckpt")
+    assert (loaded.config.gmm.num_modes, loaded.config.gmm.min_std) == (2, 1e-3)
+    ep = episode(3, seed=7)
+    torch.manual_seed(0)
+    a = policy.select_action(frame(ep, 0))
+    torch.manual_seed(0)
+    torch.testing.assert_close(loaded.select_action(frame(ep, 0)), a, rtol=0, atol=0)

@@ -98,10 +98,10 @@ def test_unknown_keys_and_wrong_types_are_refused_at_composition(override, messa
     ("policy.vit.dim=50 policy.vit.num_heads=4", r"vit.dim \(50\) must be divisible by vit.num_heads \(4\)"),
     ("policy=bc policy.head=x", r"policy.head='x' is unknown; choose one of \('mlp', 'gmm'\)"),
     ("policy=bc policy.loss=huber", r"policy.loss='huber' is unknown"),
-    ("policy=bc policy.std_activation=relu", r"policy.std_activation='relu' is unknown"),
+    ("policy=bc policy.gmm.std_activation=relu", r"policy.gmm.std_activation='relu' is unknown"),
     ("policy=bc policy.gmm_over=episode", r"policy.gmm_over='episode' is unknown"),
-    ("policy=bc policy.num_modes=0", r"policy.num_modes must be >= 1"),
-    ("policy=bc policy.min_std=0.0", r"policy.min_std must be > 0"),
+    ("policy=bc_rnn policy.gmm.num_modes=0", r"policy.gmm.num_modes must be >= 1"),
+    ("policy=bc policy.gmm.min_std=0.0", r"policy.gmm.min_std must be > 0"),
     ("policy=bc policy.dropout=1.0", r"policy.dropout \(1.0\) must be in \[0, 1\)"),
     ("policy=bc policy.hidden_dims=[64,0]", r"policy.hidden_dims \[64, 0\] must all be >= 1"),
 ])

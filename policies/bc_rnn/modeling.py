@@ -25,8 +25,8 @@ class BCRNNPolicy(Policy):
         c = config
         self.rnn = nn.LSTM(self.obs_encoder.output_dim, c.rnn_hidden_dim, c.rnn_num_layers, batch_first=True)
         # one mixture over each step's Ta actions (Ta=1: robomimic's per-step GMM)
-        self.head = GMMHead(c.rnn_hidden_dim, c.n_action_steps, c.action_dim, c.hidden_dims, c.num_modes, c.min_std,
-                            c.std_activation, c.tanh, over="chunk")
+        self.head = GMMHead(c.rnn_hidden_dim, c.n_action_steps, c.action_dim, c.hidden_dims, c.gmm.num_modes,
+                            c.gmm.min_std, c.gmm.std_activation, c.tanh, over="chunk")
 
     # --- recurrent state, one carry per environment ---------------------------------------
     def _initial_state(self, carries: list, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -66,7 +66,7 @@ class BCRNNPolicy(Policy):
 
     def _actions(self, features: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """LSTM outputs (B, H) -> unnormalized actions (B, Ta, Da)."""
-        x = self.head.sample(features, low_noise=self.config.low_noise_eval, generator=generator)
+        x = self.head.sample(features, low_noise=self.config.gmm.low_noise_eval, generator=generator)
         return self.normalizer.unnormalize("action", x)
 
     # --- the interface -------------------------------------------------------------------
