@@ -158,15 +158,10 @@ class TrainRunConfig:
 
 # --- rollout.py ---------------------------------------------------------------------------------
 @dataclass
-class RolloutConfig(RolloutOptions):
-    """``python rollout.py checkpoint=...``: evaluate a checkpoint, optionally changed at inference."""
+class InferenceOverrides:
+    """Changes to a checkpoint at rollout, without retraining: ``rollout.py``'s options, a study's
+    evaluation settings and ``core.evaluation.evaluate_checkpoint``'s, recorded in the summary."""
 
-    checkpoint: str = MISSING  # a checkpoint directory, or a run directory (its newest complete checkpoint)
-    out_dir: Optional[str] = None  # default: <run>/eval/<checkpoint>_seed<seed>[_<options>]
-    overwrite: bool = False  # replace an earlier evaluation in out_dir
-    device: str = "auto"
-    max_steps: Optional[int] = None  # cap on episode length (default: the task's)
-    # inference-time changes, recorded in the summary
     image_size: Optional[int] = None  # render the cameras at N x N
     n_action_steps: Optional[int] = None  # Ta: replan more or less often
     num_inference_steps: Optional[int] = None  # diffusion: DDIM steps
@@ -176,23 +171,43 @@ class RolloutConfig(RolloutOptions):
     # camera corruptions before the policy sees a frame: KIND:SEVERITY or a list of them, KIND one of
     # gaussian_noise, blur, brightness, contrast and SEVERITY 1-3 (envs/corruptions.py)
     corruption: Optional[Any] = None
-    task: Optional[Any] = None  # never set: the checkpoint fixes the task (here so task= gets that answer)
 
     def __post_init__(self):
-        super().__post_init__()
-        if self.task is not None:
-            raise ValueError(f"task= cannot be chosen at rollout: the checkpoint fixes the task (it is evaluated on the "
-                             f"task it was trained on, recorded in its config.json); drop task=")
         from envs.corruptions import parse_corruptions
 
         parse_corruptions(self.corruption)  # refused here, before the checkpoint loads or an episode runs
-        _at_least("", self, ("num_episodes", "image_size", "n_action_steps", "num_inference_steps", "max_steps"), 1)
+        _at_least("", self, ("image_size", "n_action_steps", "num_inference_steps"), 1)
         _at_least("", self, ("w_max",), 0)
         if self.offset_grid is not None and self.offset_grid != "train":
             grid = list(self.offset_grid) if isinstance(self.offset_grid, (list, tuple)) else []
             if len(grid) != 2 or not all(isinstance(v, int) and v >= 1 for v in grid):
                 raise ValueError(f"offset_grid={self.offset_grid!r}: give train or [rows, cols]")
             self.offset_grid = grid
+
+    def overrides(self) -> "InferenceOverrides":
+        """The overrides alone (a ``RolloutConfig`` carries them among its other options)."""
+        return InferenceOverrides(**{f.name: getattr(self, f.name) for f in fields(InferenceOverrides)})
+
+
+@dataclass
+class RolloutConfig(InferenceOverrides, RolloutOptions):
+    """``python rollout.py checkpoint=...``: evaluate a checkpoint, optionally changed at inference
+    (the options of ``InferenceOverrides``)."""
+
+    checkpoint: str = MISSING  # a checkpoint directory, or a run directory (its newest complete checkpoint)
+    out_dir: Optional[str] = None  # default: <run>/eval/<checkpoint>_seed<seed>[_<options>]
+    overwrite: bool = False  # replace an earlier evaluation in out_dir
+    device: str = "auto"
+    max_steps: Optional[int] = None  # cap on episode length (default: the task's)
+    task: Optional[Any] = None  # never set: the checkpoint fixes the task (here so task= gets that answer)
+
+    def __post_init__(self):
+        if self.task is not None:
+            raise ValueError("task= cannot be chosen at rollout: the checkpoint fixes the task (it is evaluated on the "
+                             "task it was trained on, recorded in its config.json); drop task=")
+        RolloutOptions.__post_init__(self)
+        InferenceOverrides.__post_init__(self)
+        _at_least("", self, ("num_episodes", "max_steps"), 1)
 
 
 # --- python -m datasets.generate ----------------------------------------------------------------
@@ -273,6 +288,35 @@ def compose(config_name: str = "config", overrides: list[str] | tuple[str, ...] 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
     return to_object(cfg)
+
+
+def recipe_report(choices: dict, overrides: list[str]) -> list[str]:
+    """What a composition's recipe did: the pieces it applied (Hydra's ``runtime.choices``), and each
+    task setting that differs from the same command line with ``recipe=none`` (cameras, dataset, crop)."""
+    import warnings
+
+    pieces = [f"recipe/{choices['recipe']}"] + sorted(  # the optional pieces that exist
+        path for group, choice in choices.items() if group.startswith("recipe/") and choice
+        for path in [f"{group.split('@')[0]}/{choice}"] if (CONFIG_DIR / f"{path}.yaml").exists())
+    lines = [f"recipe pieces: {', '.join(pieces)}"]
+    with_recipe = to_dict(compose("config", overrides).task)
+    with warnings.catch_warnings():  # a comparison only: the run's own config has warned already
+        warnings.simplefilter("ignore")
+        without = to_dict(compose("config", [o for o in overrides if not o.startswith("recipe=")] + ["recipe=none"]).task)
+    for key, (new, old) in sorted(_diff(with_recipe, without).items()):
+        lines.append(f"recipe changed task.{key}: {old!r} -> {new!r}")
+    return lines
+
+
+def _diff(new: dict, old: dict, prefix: str = "") -> dict:
+    out = {}
+    for key in sorted(set(new) | set(old)):
+        a, b = new.get(key), old.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.update(_diff(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out[prefix + key] = (a, b)
+    return out
 
 
 def to_dict(obj) -> dict:

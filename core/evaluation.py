@@ -6,6 +6,7 @@ folder of its own. Evaluation seeds start at 100000; demonstrations use seeds be
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -20,7 +21,7 @@ from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_tas
 from policies.base import get_policy_class
 from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
 
-from .config import TaskConfig, from_dict
+from .config import InferenceOverrides, RolloutConfig, TaskConfig, from_dict
 from .preflight import WrittenFiles, check_output_dir
 
 
@@ -35,13 +36,16 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-class _Slot:
-    """One environment's episode in progress: observation history, action queue, statistics."""
+class OverrideError(ValueError):
+    """A rollout override that does not fit the checkpoint: the CLI prints it as one line."""
 
-    def __init__(self, seed: int, first_obs: dict, n_obs_steps: int, record: bool):
+
+class _Episode:
+    """The evaluator's record of one episode in progress: its statistics and video frames. What the
+    policy acts on (observation history, action queue, state) the policy keeps (``select_action``)."""
+
+    def __init__(self, seed: int, record: bool):
         self.seed = seed
-        self.obs = deque([first_obs] * n_obs_steps, maxlen=n_obs_steps)  # repeat the first frame, as training pads
-        self.actions: deque = deque()
         self.steps = 0
         self.max_reward = 0.0
         self.max_coverage = None
@@ -50,114 +54,120 @@ class _Slot:
         self.frames = [] if record else None
         self.t0 = time.perf_counter()
 
+    def record(self, reward: float, info: dict) -> None:
+        self.steps += 1
+        self.max_reward = max(self.max_reward, float(reward))
+        if "coverage" in info:
+            self.max_coverage = max(self.max_coverage or 0.0, float(info["coverage"]))
+        self.success = self.success or bool(info.get("success", False))
 
-class OverrideError(ValueError):
-    """A rollout override that does not fit the checkpoint: the CLI prints it as one line."""
+    def result(self) -> dict:
+        res = dict(seed=self.seed, success=bool(self.success), steps=self.steps, max_reward=float(self.max_reward),
+                   seconds=time.perf_counter() - self.t0)
+        if self.max_coverage is not None:
+            res["max_coverage"] = float(self.max_coverage)
+        if self.error:
+            res["error"] = self.error
+        return res
 
 
-def evaluate(
-    policy,
-    task: TaskConfig,
-    *,
-    num_episodes: int,
-    seed: int = EVAL_SEED_START,
-    workers: int = 0,
-    image_size: int | None = None,
-    obs_transform=None,
-    video_dir: Path | None = None,
-    num_videos: int = 3,
-    max_steps: int | None = None,
-    progress: bool = True,
-    env_options: dict | None = None,
-) -> dict:
+class _Rollouts:
+    """Episodes on seeds ``seeds`` over an ``EnvPool``, one in flight per environment; every step
+    the policy acts for all of them at once through ``select_action`` (environment i is its row id)."""
+
+    def __init__(self, policy, pool, seeds: list[int], obs_transform, videos: tuple[Path, int, int] | None, bar):
+        self.policy, self.pool, self.bar = policy, pool, bar
+        self.seeds = deque(seeds)
+        self.first_seed = seeds[0] if seeds else 0
+        self.obs_transform = obs_transform or (lambda obs: obs)
+        self.videos = videos  # (folder, number of episodes filmed, fps) or None
+        self.episodes: list[_Episode | None] = [None] * len(pool)
+        self.obs: list[dict | None] = [None] * len(pool)
+        self.results: list[dict] = []
+
+    def start(self, i: int) -> None:
+        """Environment i starts the next seed's episode (a seed whose reset fails is recorded as failed)."""
+        self.policy.reset([i])
+        self.episodes[i] = None
+        while self.seeds:
+            seed = self.seeds.popleft()
+            env = self.pool.envs[i]
+            env.send("reset", seed)
+            try:
+                obs = env.recv()
+            except EnvError as exc:
+                self._record(dict(seed=seed, success=False, steps=0, max_reward=0.0, seconds=0.0, error=str(exc)))
+                continue
+            record = self.videos is not None and seed - self.first_seed < self.videos[1]
+            self.episodes[i] = _Episode(seed, record)
+            self.obs[i] = self.obs_transform(obs)
+            if record:
+                self.episodes[i].frames.append(_render(env))
+            return
+
+    def finish(self, i: int) -> None:
+        episode = self.episodes[i]
+        self._record(episode.result())
+        if episode.frames:
+            folder, _, fps = self.videos
+            _write_video(Path(folder) / f"episode_{episode.seed}.mp4", episode.frames, fps)
+
+    def _record(self, result: dict) -> None:
+        self.results.append(result)
+        self.bar.update(1)
+
+    def step(self) -> None:
+        """One action in every environment with an episode in flight; finished ones start the next seed."""
+        active = [i for i, episode in enumerate(self.episodes) if episode is not None]
+        obs = {k: torch.from_numpy(np.stack([self.obs[i][k] for i in active])).to(self.policy.device)
+               for k in self.policy.config.input_shapes}  # key -> (B, ...)
+        actions = self.policy.select_action(obs, envs=active).cpu().numpy()  # (B, Da); row j = environment active[j]
+        for j, i in enumerate(active):
+            self.pool.envs[i].send("step", actions[j].astype(np.float32))
+        for i in active:
+            episode = self.episodes[i]
+            try:
+                obs_i, reward, terminated, truncated, info = self.pool.envs[i].recv()
+            except EnvError as exc:  # a simulation error fails this episode, not the evaluation
+                episode.error = str(exc)
+                self.finish(i)
+                self.start(i)
+                continue
+            episode.record(reward, info)
+            if episode.frames is not None:
+                episode.frames.append(_render(self.pool.envs[i]))
+            self.obs[i] = self.obs_transform(obs_i)
+            if terminated or truncated or episode.success:
+                self.finish(i)
+                self.start(i)
+
+    def run(self) -> list[dict]:
+        for i in range(len(self.pool)):
+            self.start(i)
+        while any(episode is not None for episode in self.episodes):
+            self.step()
+        return self.results
+
+
+def evaluate(policy, task: TaskConfig, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,
+             image_size: int | None = None, obs_transform=None, video_dir: Path | None = None, num_videos: int = 3,
+             max_steps: int | None = None, progress: bool = True, env_options: dict | None = None) -> dict:
     """Run ``num_episodes`` episodes on seeds ``seed, seed+1, ...``, batching the policy over the
     parallel environments. ``obs_transform(obs) -> obs`` alters observations (corruption studies)."""
     from tqdm import tqdm
 
-    device = policy.device
-    cfg = policy.config
-    kwargs = env_kwargs_from_task(task, cfg.image_keys, image_size)  # render only the cameras the policy reads
+    kwargs = env_kwargs_from_task(task, policy.config.image_keys, image_size)  # render only the cameras the policy reads
     if max_steps is not None:
         kwargs["max_episode_steps"] = max_steps
     kwargs.update(env_options or {})  # constructor arguments of the environment (benchmarks)
-    seeds = deque(range(seed, seed + num_episodes))
-    results: list[dict] = []
     policy.eval()
-    policy.reset()  # a recurrent policy forgets every slot's state; each slot's episode start resets it again
+    policy.reset()
     t_start = time.perf_counter()
-    bar = tqdm(total=num_episodes, desc=f"rollout {task.name}", disable=not progress, dynamic_ncols=True)
-    with EnvPool(task.name, kwargs, workers) as pool:
-        slots: list[_Slot | None] = [None] * len(pool)
-
-        def start(i: int) -> None:
-            policy.reset_slots([i])  # slot i's next episode starts from a fresh state (stateless policies: no-op)
-            while seeds:
-                s = seeds.popleft()
-                pool.envs[i].send("reset", s)
-                try:
-                    obs = pool.envs[i].recv()
-                except EnvError as exc:
-                    results.append(dict(seed=s, success=False, steps=0, max_reward=0.0, seconds=0.0, error=str(exc)))
-                    bar.update(1)
-                    continue
-                obs = obs_transform(obs) if obs_transform else obs
-                slots[i] = _Slot(s, obs, cfg.n_obs_steps, video_dir is not None and s - seed < num_videos)
-                if slots[i].frames is not None:
-                    slots[i].frames.append(_render(pool.envs[i]))
-                return
-            slots[i] = None
-
-        def finish(i: int) -> None:
-            sl = slots[i]
-            res = dict(seed=sl.seed, success=bool(sl.success), steps=sl.steps, max_reward=float(sl.max_reward),
-                       seconds=time.perf_counter() - sl.t0)
-            if sl.max_coverage is not None:
-                res["max_coverage"] = float(sl.max_coverage)
-            if sl.error:
-                res["error"] = sl.error
-            results.append(res)
-            if sl.frames:
-                _write_video(Path(video_dir) / f"episode_{sl.seed}.mp4", sl.frames, task.fps)
-            bar.update(1)
-            start(i)
-
-        for i in range(len(pool)):
-            start(i)
-        while any(slots):
-            active = [i for i, sl in enumerate(slots) if sl is not None]
-            need = [i for i in active if not slots[i].actions]
-            if need:  # one batched forward pass for every environment that must replan
-                batch = {
-                    k: torch.from_numpy(np.stack([np.stack([o[k] for o in slots[i].obs]) for i in need])).to(device)
-                    for k in cfg.input_shapes
-                }  # key -> (B, To, ...)
-                with torch.no_grad():
-                    chunk = policy.predict_action_chunk_for(batch, need).cpu().numpy()  # (B, Ta, Da); row j = slot need[j]
-                for j, i in enumerate(need):
-                    slots[i].actions.extend(chunk[j])
-            for i in active:
-                pool.envs[i].send("step", slots[i].actions.popleft().astype(np.float32))
-            for i in active:
-                sl = slots[i]
-                try:
-                    obs, reward, terminated, truncated, info = pool.envs[i].recv()
-                except EnvError as exc:  # a simulation error fails this episode, not the evaluation
-                    sl.error = str(exc)
-                    finish(i)
-                    continue
-                sl.steps += 1
-                sl.max_reward = max(sl.max_reward, float(reward))
-                if "coverage" in info:
-                    sl.max_coverage = max(sl.max_coverage or 0.0, float(info["coverage"]))
-                sl.success = sl.success or bool(info.get("success", False))
-                if sl.frames is not None:
-                    sl.frames.append(_render(pool.envs[i]))
-                sl.obs.append(obs_transform(obs) if obs_transform else obs)
-                if terminated or truncated or sl.success:
-                    finish(i)
-    bar.close()
-    wall = time.perf_counter() - t_start
-    return summarize(results, wall, workers)
+    videos = (video_dir, num_videos, task.fps) if video_dir is not None else None
+    with tqdm(total=num_episodes, desc=f"rollout {task.name}", disable=not progress, dynamic_ncols=True) as bar:
+        with EnvPool(task.name, kwargs, workers) as pool:
+            results = _Rollouts(policy, pool, list(range(seed, seed + num_episodes)), obs_transform, videos, bar).run()
+    return summarize(results, time.perf_counter() - t_start, workers)
 
 
 def summarize(results: list[dict], wall_seconds: float, workers: int) -> dict:
@@ -221,13 +231,58 @@ def default_out_dir(checkpoint: Path, seed: int, options: dict) -> Path:
     return root / "eval" / "_".join(parts)
 
 
+def _policy_overrides(meta: dict, inference: InferenceOverrides) -> tuple[dict, dict]:
+    """The checkpoint's policy config fields ``inference`` changes -> (load_policy's overrides, the
+    attention settings changed); a change that does not fit the checkpoint is an OverrideError."""
+    policy_config, name = meta["policy_config"], meta["policy"]
+    overrides = {}
+    if inference.num_inference_steps is not None:
+        if "num_inference_steps" not in policy_config:
+            raise OverrideError(f"num_inference_steps= applies to diffusion policies, but this checkpoint holds "
+                                f"{name!r}; drop num_inference_steps=")
+        overrides["num_inference_steps"] = inference.num_inference_steps
+    ta = inference.n_action_steps
+    if ta is not None:  # Ta only acts at inference: replan more or less often without retraining
+        trained_ta = policy_config["n_action_steps"]
+        if ta != trained_ta and not get_policy_class(name).config_class.inference_action_steps:
+            raise OverrideError(f"n_action_steps= cannot change at rollout for a {name!r} checkpoint (its network "
+                                f"outputs {trained_ta} actions per step); drop n_action_steps= or retrain with policy.n_action_steps=")
+        overrides["n_action_steps"] = ta
+    # Attention settings that only act on the masks, so they can change at inference on larger images:
+    # LookHere's global slope (the paper lowers it), Fibottention's window (N // 3 grows with N) and
+    # offset grid ("train": keep the 2-D displacements its 1-D offsets had on the training grid).
+    vit = policy_config["vit"]
+    attn = vit["attention"]
+    offset_grid = list(vit["base_grid"]) if inference.offset_grid == "train" else inference.offset_grid
+    attn_over = {k: v for k, v in (("global_slope", inference.global_slope), ("w_max", inference.w_max),
+                                   ("offset_grid", offset_grid)) if v is not None}
+    for key, kind in (("global_slope", "lookhere"), ("w_max", "fibottention"), ("offset_grid", "fibottention")):
+        if key in attn_over and attn["kind"] != kind:
+            raise OverrideError(f"{key}= applies to {kind} attention, but this checkpoint uses {attn['kind']!r}; drop {key}=")
+    if attn_over:
+        overrides["vit"] = {**vit, "attention": {**attn, **attn_over}}
+    return overrides, attn_over
+
+
+def _write_summary(out_dir: Path, summary: dict) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(out / "summary.json")
+
+
 def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,
-                        out_dir=None, device="cpu", num_videos: int = 3, image_size=None, obs_transform=None,
-                        max_steps=None, global_slope=None, w_max=None, offset_grid=None, num_inference_steps=None,
-                        n_action_steps=None, corruption=None, progress=True, overwrite: bool = False) -> dict:
-    """Roll a checkpoint out; with ``out_dir``, write summary.json (and videos) there, never over
-    an earlier evaluation unless ``overwrite``. ``corruption``: [(kind, severity), ...] applied to
-    every camera image (``envs.corruptions``); the videos show what the policy saw."""
+                        out_dir=None, device="cpu", num_videos: int = 3, obs_transform=None, max_steps=None,
+                        progress=True, overwrite: bool = False, inference: InferenceOverrides | None = None,
+                        **overrides) -> dict:
+    """Roll a checkpoint out, changed at inference by ``inference`` (or the same fields as keywords,
+    e.g. ``global_slope=0.5``); with ``out_dir``, write summary.json (and videos) there, never over
+    an earlier evaluation unless ``overwrite``. A ``corruption`` applies to every camera image
+    (``envs.corruptions``); the videos show what the policy saw."""
+    if inference is not None and overrides:
+        raise ValueError(f"give inference= or its fields {sorted(overrides)} as keywords, not both")
+    inference = inference or InferenceOverrides(**overrides)
     ckpt = resolve_checkpoint(checkpoint)
     meta = read_checkpoint_meta(ckpt)
     if out_dir is not None and (Path(out_dir) / "summary.json").exists() and not overwrite:
@@ -235,50 +290,23 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
                               f"replace it, or choose another out_dir=")
     if out_dir is not None:
         check_output_dir(out_dir, "out_dir")  # before the policy loads and an episode runs
-    overrides = {}
-    if num_inference_steps is not None:
-        if "num_inference_steps" not in meta["policy_config"]:
-            raise OverrideError(f"num_inference_steps= applies to diffusion policies, but this checkpoint holds "
-                                f"{meta['policy']!r}; drop num_inference_steps=")
-        overrides["num_inference_steps"] = num_inference_steps
-    if n_action_steps is not None:  # Ta only acts at inference: replan more or less often without retraining
-        trained_ta = meta["policy_config"]["n_action_steps"]
-        if n_action_steps != trained_ta and not get_policy_class(meta["policy"]).config_class.inference_action_steps:
-            raise OverrideError(f"n_action_steps= cannot change at rollout for a {meta['policy']!r} checkpoint (its network "
-                                f"outputs {trained_ta} actions per step); drop n_action_steps= or retrain with policy.n_action_steps=")
-        overrides["n_action_steps"] = n_action_steps
-    # Attention settings that only act on the masks, so they can change at inference on larger images:
-    # LookHere's global slope (the paper lowers it), Fibottention's window (N // 3 grows with N) and
-    # offset grid ("train": keep the 2-D displacements its 1-D offsets had on the training grid).
-    vit = meta["policy_config"]["vit"]
-    attn = vit["attention"]
-    if offset_grid == "train":
-        offset_grid = list(vit["base_grid"])
-    attn_over = {k: v for k, v in (("global_slope", global_slope), ("w_max", w_max), ("offset_grid", offset_grid)) if v is not None}
-    for key, kind in (("global_slope", "lookhere"), ("w_max", "fibottention"), ("offset_grid", "fibottention")):
-        if key in attn_over and attn["kind"] != kind:
-            raise OverrideError(f"{key}= applies to {kind} attention, but this checkpoint uses {attn['kind']!r}; drop {key}=")
-    if attn_over:
-        overrides["vit"] = {**vit, "attention": {**attn, **attn_over}}
-    policy = load_policy(ckpt, device=device, **overrides)
+    policy_overrides, attn_over = _policy_overrides(meta, inference)
+    policy = load_policy(ckpt, device=device, **policy_overrides)
     task = from_dict(TaskConfig, meta["cfg"]["task"])
-    corruptions = parse_corruptions(corruption)
+    corruptions = parse_corruptions(inference.corruption)
     if corruptions:
         if obs_transform is not None:
             raise ValueError("give corruption= or obs_transform, not both")
         obs_transform = obs_corruptor(corruptions, policy.config.image_keys)
-    summary = evaluate(policy, task, num_episodes=num_episodes, seed=seed, workers=workers, image_size=image_size,
+    summary = evaluate(policy, task, num_episodes=num_episodes, seed=seed, workers=workers, image_size=inference.image_size,
                        obs_transform=obs_transform, video_dir=Path(out_dir) / "videos" if out_dir and num_videos else None,
                        num_videos=num_videos, max_steps=max_steps, progress=progress)
     summary.update(checkpoint=str(ckpt), task=task.name, policy=meta["policy"],
-                   attention=attn["kind"], attention_overrides=attn_over, seed_start=seed, image_size=image_size,
-                   n_action_steps=policy.config.n_action_steps, corruption=corruption_tag(corruptions))
+                   attention=meta["policy_config"]["vit"]["attention"]["kind"], attention_overrides=attn_over,
+                   seed_start=seed, image_size=inference.image_size, n_action_steps=policy.config.n_action_steps,
+                   corruption=corruption_tag(corruptions))
     if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / ".summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(out / "summary.json")
+        _write_summary(out_dir, summary)
     return summary
 
 
@@ -297,7 +325,7 @@ def format_summary(s: dict) -> str:
 
 
 
-def run(cfg) -> dict:
+def run(cfg: RolloutConfig) -> dict:
     """What ``rollout.py`` does with a RolloutConfig: evaluate, print the summary line and paths."""
     import sys
 
@@ -307,17 +335,17 @@ def run(cfg) -> dict:
         print(f"warning: seed={cfg.seed} is below {EVAL_SEED_START}: these initial states may overlap the demonstrations",
               file=sys.stderr)
     ckpt = resolve_checkpoint(cfg.checkpoint)
-    options = dict(image_size=cfg.image_size, n_action_steps=cfg.n_action_steps, num_inference_steps=cfg.num_inference_steps,
-                   global_slope=cfg.global_slope, w_max=cfg.w_max, offset_grid=cfg.offset_grid)
-    corruptions = parse_corruptions(cfg.corruption)
+    inference = cfg.overrides()
+    inference.corruption = parse_corruptions(inference.corruption)
+    options = {k: v for k, v in dataclasses.asdict(inference).items() if k != "corruption"}
     out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(ckpt, cfg.seed, {**options, "max_steps": cfg.max_steps,
                                                                                       "n": cfg.num_episodes,
-                                                                                      "corruption": corruption_tag(corruptions)})
+                                                                                      "corruption": corruption_tag(inference.corruption)})
     written = WrittenFiles(out_dir)
     try:
         summary = evaluate_checkpoint(ckpt, num_episodes=cfg.num_episodes, seed=cfg.seed, workers=cfg.workers, out_dir=out_dir,
                                       device=pick_device(cfg.device), num_videos=cfg.num_videos, max_steps=cfg.max_steps,
-                                      overwrite=cfg.overwrite, corruption=corruptions, **options)
+                                      overwrite=cfg.overwrite, inference=inference)
     except KeyboardInterrupt:
         raise written.interrupted() from None
     print(format_summary(summary))

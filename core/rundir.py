@@ -28,7 +28,8 @@ RUN_MARKER = ".run"
 RUN_ENTRIES = (RUN_MARKER, "checkpoints", "config.json", "tb", "eval")  # everything a run writes, but .lock
 # Settings that may change when a run is resumed; every other one defines the model or the data.
 RESUMABLE = ("run_dir", "resume", "overwrite", "device", "eval", "train.steps", "train.log_every", "train.val_every",
-             "train.checkpoint_every", "train.num_workers", "train.num_threads", "train.compile", "task.env", "task.fps")
+             "train.checkpoint_every", "train.num_workers", "train.num_threads", "train.compile", "task.env", "task.fps",
+             "policy.drop_crop_remainder")  # the last: an acknowledgement, not a setting of the model
 
 
 def is_run(path: Path) -> bool:

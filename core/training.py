@@ -1,6 +1,8 @@
 """The training loop: data -> policy -> AdamW/cosine/EMA -> checkpoints, resumable, DDP under torchrun.
 
-``train(cfg)`` takes the composed ``TrainRunConfig``. One run owns its ``run_dir`` (a lock file);
+``train(cfg)`` takes the composed ``TrainRunConfig`` and runs named steps: claim the run directory,
+build the data, build the policy with its optimizer and EMA, restore a checkpoint, seed each rank,
+then the loop, which checkpoints and evaluates. One run owns its ``run_dir`` (a lock file);
 ``resume=true`` continues from the newest complete checkpoint and refuses a config that changes
 the model or the data (config and dataset fingerprint); ``overwrite=true`` deletes the old run
 only after every check has passed (core/rundir.py). A checkpoint never
@@ -31,10 +33,20 @@ from policies.checkpoint import (
     set_rng_state,
 )
 
-from .config import TrainRunConfig, to_dict
+from .config import TrainConfig, TrainRunConfig, to_dict
 from .distributed import Distributed, pick_device
 from .cli import Interrupted
 from .rundir import RunDirectory, check_resume_config, interrupted_message
+
+# Seeds. Every rank builds the same initial weights from ``seed``; once they are built each rank
+# draws its own crops and noise from ``seed * RANK_SEED_STRIDE + rank``. A resumed run restores
+# rank 0's stream from the checkpoint; rank r > 0 derives its own from it with a prime stride.
+RANK_SEED_STRIDE = 1000
+RESUMED_RANK_SEED_PRIME = 7919
+VAL_SEED = 0  # validation draws a fixed subset and fixed noise, comparable across steps
+VAL_MAX_BATCHES = 10
+ADAMW_BETAS = (0.95, 0.999)  # Diffusion Policy's AdamW betas
+LR_SCHEDULE = "cosine"
 
 
 @dataclass
@@ -43,6 +55,47 @@ class TrainResult:
     policy: Policy
     step: int
     train_seconds: float  # wall time of this run plus that of the runs it resumed
+
+
+@dataclass
+class TrainData:
+    train_set: SequenceDataset
+    val_set: SequenceDataset | None
+    stats: dict
+    num_train_episodes: int
+    num_val_episodes: int
+    fingerprint: dict  # what a resume compares the data with (datasets.fingerprint)
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint restores, and the step the loop advances."""
+
+    policy: Policy
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ema: object | None  # diffusers EMAModel
+    step: int = 0
+    seconds_before: float = 0.0  # wall time of the runs this one resumes; checkpoints carry the running total
+    fingerprint: dict | None = None  # the training data's, saved with every checkpoint
+
+    def eval_weights(self) -> dict:
+        """The weights rollouts use: the EMA's parameters with the live model's buffers (normalizer)."""
+        if self.ema is None:
+            return self.policy.state_dict()
+        self.ema.store(self.policy.parameters())
+        self.ema.copy_to(self.policy.parameters())
+        weights = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        self.ema.restore(self.policy.parameters())
+        return weights
+
+    def training_state(self, world_size: int, seconds: float) -> dict:
+        return {
+            "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else {},
+            "rng": rng_state(), "step": self.step, "world_size": world_size,
+            "train_seconds": self.seconds_before + seconds, FINGERPRINT_KEY: self.fingerprint,
+        }
 
 
 class _LossModule(torch.nn.Module):
@@ -64,15 +117,9 @@ def _all_finite(tensors) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
 
-def train(cfg: TrainRunConfig) -> TrainResult:
-    """Train from a composed config (``core.config.compose("config", overrides)``)."""
-    t_start = time.perf_counter()
-    from diffusers.optimization import get_scheduler
-    from diffusers.training_utils import EMAModel
-    from torch.utils.tensorboard import SummaryWriter
-
-    tcfg = cfg.train
-    ddp = Distributed.from_env(cfg.device)
+# --- the steps of a run -------------------------------------------------------------------------
+def claim_run(cfg: TrainRunConfig, ddp: Distributed) -> tuple[RunDirectory, Path | None]:
+    """Lock the run directory (or refuse it) -> (run, the checkpoint to resume from or None)."""
     run = RunDirectory(Path(cfg.run_dir), is_main=ddp.is_main)
     resume_from = run.claim(resume=cfg.resume, overwrite=cfg.overwrite)  # lock, clean up, or refuse
     ddp.barrier()
@@ -80,171 +127,270 @@ def train(cfg: TrainRunConfig) -> TrainResult:
         resume_from = newest_checkpoint(run.checkpoints)
     if resume_from is not None:
         check_resume_config(read_checkpoint_meta(resume_from)["cfg"], to_dict(cfg), resume_from, schema=cfg)
-    if tcfg.num_threads:
-        torch.set_num_threads(tcfg.num_threads)
+    return run, resume_from
+
+
+def setup_device(cfg: TrainRunConfig, ddp: Distributed) -> torch.device:
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
     device = pick_device(cfg.device, ddp.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    # the same initial weights on every rank; different augmentation and noise draws per rank
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)
+    return device
 
-    # effective (global) batch and learning rate, explicit whatever the process count
+
+def batch_and_lr(tcfg: TrainConfig, world_size: int) -> tuple[int, float]:
+    """(per-process batch, learning rate): the effective (global) batch and lr, explicit whatever the process count."""
     if tcfg.scale_lr_with_world_size:
-        per_rank_batch, lr = tcfg.batch_size, tcfg.lr * ddp.world_size
-    else:
-        if tcfg.batch_size % ddp.world_size:
-            raise ValueError(f"train.batch_size ({tcfg.batch_size}) must be divisible by the {ddp.world_size} processes")
-        per_rank_batch, lr = tcfg.batch_size // ddp.world_size, tcfg.lr
+        return tcfg.batch_size, tcfg.lr * world_size
+    if tcfg.batch_size % world_size:
+        raise ValueError(f"train.batch_size ({tcfg.batch_size}) must be divisible by the {world_size} processes")
+    return tcfg.batch_size // world_size, tcfg.lr
 
-    # data: split by episode, statistics from the training episodes only
+
+def build_data(cfg: TrainRunConfig, resume_from: Path | None) -> TrainData:
+    """Windows split by episode; normalization statistics from the training episodes only. A resume
+    refuses data that changed since ``resume_from`` was written."""
     pconfig = cfg.policy
-    data = make_dataset(cfg.task, list(pconfig.input_shapes), tcfg.max_episodes)
-    fingerprint = check_resume_data(resume_from, data)  # a resume refuses changed data
-    train_eps, val_eps = split_episodes(data.num_episodes, tcfg.val_fraction, cfg.seed)
+    data = make_dataset(cfg.task, list(pconfig.input_shapes), cfg.train.max_episodes)
+    fingerprint = check_resume_data(resume_from, data)
+    train_eps, val_eps = split_episodes(data.num_episodes, cfg.train.val_fraction, cfg.seed)
     window = dict(n_obs_steps=pconfig.n_obs_steps, horizon=pconfig.horizon, n_action_steps=pconfig.n_action_steps,
                   obs_steps=pconfig.window_obs_steps)
     obs_keys = list(pconfig.input_shapes)
     train_set = SequenceDataset(data, obs_keys, train_eps, **window)
     val_set = SequenceDataset(data, obs_keys, val_eps, **window) if len(val_eps) else None
     stats = compute_stats(data, pconfig.lowdim_keys + ["action"], train_eps)
+    return TrainData(train_set, val_set, stats, len(train_eps), len(val_eps), fingerprint)
 
-    policy = make_policy(pconfig, stats).to(device)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=tcfg.weight_decay, betas=(0.95, 0.999))
-    scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=tcfg.warmup_steps, num_training_steps=tcfg.steps)
-    ema = EMAModel(policy.parameters(), decay=tcfg.ema_max_decay, use_ema_warmup=True, power=tcfg.ema_power) if tcfg.ema else None
 
-    step = 0
-    seconds_before = 0.0  # wall time of the runs this one resumes; checkpoints carry the running total
-    if resume_from is not None:
-        state = load_training_state(resume_from)
-        seconds_before = float(state.get("train_seconds", 0.0))
-        policy.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        for group in optimizer.param_groups:  # a resumed run may have a different process count
-            group["initial_lr"] = lr
-        scheduler.load_state_dict(state["scheduler"])
-        scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
-        if ema is not None:
-            ema.load_state_dict(state["ema"])
-        set_rng_state(state["rng"])
-        step = int(state["step"])
-        if step >= tcfg.steps:
-            raise ValueError(f"{resume_from} is already at step {step} and train.steps={tcfg.steps}: "
-                             f"pass a larger train.steps= to train longer")
-        if ddp.is_main:
-            print(f"resumed {resume_from} at step {step}")
-            saved_steps = read_checkpoint_meta(resume_from)["cfg"]["train"]["steps"]
-            if saved_steps != tcfg.steps:
-                # LambdaLR keeps only the step count: the new length reshapes the rest of the cosine
-                print(f"train.steps {saved_steps} -> {tcfg.steps}: the cosine schedule now ends at step "
-                      f"{tcfg.steps}, so the learning rate continues from {lr * scheduler.lr_lambdas[0](step):.3g}")
-    if resume_from is None:
-        torch.manual_seed(cfg.seed * 1000 + ddp.rank)  # weights are built: now per-rank crops and noise
-    elif ddp.rank > 0:  # the checkpoint holds rank 0's stream; other ranks derive theirs from it
-        torch.manual_seed(torch.initial_seed() + 7919 * ddp.rank + step)
+def build_state(cfg: TrainRunConfig, stats: dict, lr: float, device) -> TrainState:
+    """The policy, AdamW with a warmed-up cosine schedule, and the EMA of its weights."""
+    from diffusers.optimization import get_scheduler
+    from diffusers.training_utils import EMAModel
 
-    # the data order is a function of the step (and seed, rank): a resumed run draws the batches
-    # the uninterrupted run would have drawn; each process takes its own shard of every epoch
-    batch_sampler = StepBatchSampler(len(train_set), per_rank_batch, seed=cfg.seed, rank=ddp.rank,
-                                     world_size=ddp.world_size, start_step=step)
+    tcfg = cfg.train
+    policy = make_policy(cfg.policy, stats).to(device)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=tcfg.weight_decay, betas=ADAMW_BETAS)
+    scheduler = get_scheduler(LR_SCHEDULE, optimizer, num_warmup_steps=tcfg.warmup_steps, num_training_steps=tcfg.steps)
+    ema = (EMAModel(policy.parameters(), decay=tcfg.ema_max_decay, use_ema_warmup=True, power=tcfg.ema_power)
+           if tcfg.ema else None)
+    return TrainState(policy, optimizer, scheduler, ema)
+
+
+def restore(state: TrainState, checkpoint: Path, cfg: TrainRunConfig, lr: float, is_main: bool) -> None:
+    """Continue from ``checkpoint``: weights, optimizer, schedule, EMA, RNG streams and the step."""
+    saved = load_training_state(checkpoint)
+    state.seconds_before = float(saved.get("train_seconds", 0.0))
+    state.policy.load_state_dict(saved["model"])
+    state.optimizer.load_state_dict(saved["optimizer"])
+    for group in state.optimizer.param_groups:  # a resumed run may have a different process count
+        group["initial_lr"] = lr
+    state.scheduler.load_state_dict(saved["scheduler"])
+    state.scheduler.base_lrs = [lr for _ in state.scheduler.base_lrs]
+    if state.ema is not None:
+        state.ema.load_state_dict(saved["ema"])
+    set_rng_state(saved["rng"])
+    state.step = int(saved["step"])
+    steps = cfg.train.steps
+    if state.step >= steps:
+        raise ValueError(f"{checkpoint} is already at step {state.step} and train.steps={steps}: "
+                         f"pass a larger train.steps= to train longer")
+    if is_main:
+        print(f"resumed {checkpoint} at step {state.step}")
+        saved_steps = read_checkpoint_meta(checkpoint)["cfg"]["train"]["steps"]
+        if saved_steps != steps:
+            # LambdaLR keeps only the step count: the new length reshapes the rest of the cosine
+            print(f"train.steps {saved_steps} -> {steps}: the cosine schedule now ends at step {steps}, so the "
+                  f"learning rate continues from {lr * state.scheduler.lr_lambdas[0](state.step):.3g}")
+
+
+def seed_rank(seed: int, rank: int, resumed: bool, step: int) -> None:
+    """The weights are built (or restored): from here each rank draws its own crops and noise."""
+    if not resumed:
+        torch.manual_seed(seed * RANK_SEED_STRIDE + rank)
+    elif rank > 0:  # the checkpoint holds rank 0's stream; other ranks derive theirs from it
+        torch.manual_seed(torch.initial_seed() + RESUMED_RANK_SEED_PRIME * rank + step)
+
+
+def make_loader(train_set, per_rank_batch: int, cfg: TrainRunConfig, ddp: Distributed, step: int, device):
+    """The data order is a function of the step (and seed, rank): a resumed run draws the batches
+    the uninterrupted run would have drawn; each process takes its own shard of every epoch."""
+    sampler = StepBatchSampler(len(train_set), per_rank_batch, seed=cfg.seed, rank=ddp.rank,
+                               world_size=ddp.world_size, start_step=step)
+    workers = cfg.train.num_workers
     # a private generator: creating the iterator draws a worker seed, which must not shift the global
     # RNG stream (crops, noise) that checkpoints save and restore
-    loader = torch.utils.data.DataLoader(train_set, batch_sampler=batch_sampler, num_workers=tcfg.num_workers,
-                                         persistent_workers=tcfg.num_workers > 0, pin_memory=device.type == "cuda",
-                                         generator=torch.Generator().manual_seed(cfg.seed))
+    return torch.utils.data.DataLoader(train_set, batch_sampler=sampler, num_workers=workers,
+                                       persistent_workers=workers > 0, pin_memory=device.type == "cuda",
+                                       generator=torch.Generator().manual_seed(cfg.seed))
+
+
+def make_step_fn(policy: Policy, tcfg: TrainConfig, ddp: Distributed, device):
+    """batch -> (loss, info): DDP-wrapped over several processes, compiled on request."""
     model = _LossModule(policy)
     if ddp.world_size > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if tcfg.precision == "bf16" else contextlib.nullcontext
-    step_fn = torch.compile(model) if tcfg.compile else model
+    return torch.compile(model) if tcfg.compile else model
+
+
+def autocast_context(precision: str, device):
+    if precision == "bf16":
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def save(state: TrainState, run: RunDirectory, tag: str, cfg_dict: dict, world_size: int, seconds: float) -> Path:
+    """Write checkpoints/<tag> and checkpoints/last, or refuse non-finite weights and write nothing."""
+    weights = state.eval_weights()
+    if not (_all_finite(state.policy.parameters()) and _all_finite(weights.values())):
+        good = newest_checkpoint(run.checkpoints)
+        raise FloatingPointError(
+            f"the weights became non-finite by step {state.step} (training diverged); nothing was written, "
+            f"the last good checkpoint is {good or 'none'}; lower train.lr or raise train.warmup_steps")
+    training_state = state.training_state(world_size, seconds)
+    save_checkpoint(run.checkpoints / tag, state.policy, cfg_dict, training_state, weights)
+    return save_checkpoint(run.checkpoints / "last", state.policy, cfg_dict, training_state, weights)
+
+
+def optimize(state: TrainState, batch: dict, step_fn, autocast, grad_clip: float) -> tuple[dict, float]:
+    """One update on ``batch`` -> (the loss info, the gradient norm); refuses a non-finite loss
+    before the update, so the weights are still the last good ones."""
+    with autocast():
+        loss, info = step_fn(batch)
+    if not math.isfinite(info["loss"]):
+        raise FloatingPointError(f"loss became {info['loss']} at step {state.step + 1}; lower train.lr or check the dataset")
+    state.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(state.policy.parameters(), grad_clip)
+    state.optimizer.step()
+    state.scheduler.step()
+    if state.ema is not None:
+        state.ema.step(state.policy.parameters())
+    state.step += 1
+    return info, float(grad_norm)
+
+
+class _Logger:
+    """Rank 0's TensorBoard scalars and progress bar; samples/s over each logging interval."""
+
+    def __init__(self, run_path: Path, tcfg: TrainConfig, step: int, is_main: bool):
+        from torch.utils.tensorboard import SummaryWriter
+        from tqdm import tqdm
+
+        self.is_main, self.every, self.steps = is_main, tcfg.log_every, tcfg.steps
+        self.writer = SummaryWriter(str(run_path / "tb")) if is_main else None
+        self.bar = tqdm(total=tcfg.steps, initial=step, desc="train", dynamic_ncols=True, mininterval=2.0,
+                        disable=not is_main)
+        self.t_last, self.samples = time.perf_counter(), 0
+
+    def step(self, step: int, samples: int, info: dict, grad_norm: float, lr: float) -> None:
+        self.samples += samples
+        if self.is_main and (step % self.every == 0 or step == self.steps):
+            now = time.perf_counter()
+            sps = self.samples / (now - self.t_last)
+            self.t_last, self.samples = now, 0
+            for key, value in (("train/loss", info["loss"]), ("train/grad_norm", grad_norm),
+                               ("train/lr", lr), ("train/samples_per_s", sps)):
+                self.writer.add_scalar(key, value, step)
+            self.bar.set_postfix(loss=f"{info['loss']:.4f}", samples_s=f"{sps:.0f}")
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _due(step: int, every: int, steps: int) -> bool:
+    return step % every == 0 or step == steps
+
+
+def _describe(cfg: TrainRunConfig, state: TrainState, data: TrainData, device, ddp: Distributed,
+              per_rank_batch: int, lr: float, run: RunDirectory) -> str:
+    params = sum(p.numel() for p in state.policy.parameters()) / 1e6
+    return (f"policy={cfg.policy.name} attention={cfg.policy.vit.attention.kind} params={params:.2f}M "
+            f"episodes train/val={data.num_train_episodes}/{data.num_val_episodes} windows={len(data.train_set)} "
+            f"device={device} processes={ddp.world_size} batch={per_rank_batch}x{ddp.world_size} lr={lr:g} "
+            f"run_dir={run.path}")
+
+
+@dataclass
+class _Run:
+    """What the loop reads: the run's pieces, built once by ``train``."""
+
+    cfg: TrainRunConfig
+    ddp: Distributed
+    run: RunDirectory
+    device: torch.device
+    state: TrainState
+    data: TrainData
+    per_rank_batch: int
+    t_start: float
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.t_start
+
+
+def loop(r: _Run, loader, logger: _Logger) -> Path:
+    """Train until ``train.steps``: validate, checkpoint and evaluate on their schedules -> the last checkpoint."""
+    cfg, tcfg, state, ddp = r.cfg, r.cfg.train, r.state, r.ddp
+    step_fn = make_step_fn(state.policy, tcfg, ddp, r.device)
+    autocast = autocast_context(tcfg.precision, r.device)
     cfg_dict = to_dict(cfg)
-
-    def eval_weights() -> dict:
-        if ema is None:
-            return policy.state_dict()
-        # EMA covers parameters; buffers (normalizer) come from the live model
-        ema.store(policy.parameters())
-        ema.copy_to(policy.parameters())
-        sd = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-        ema.restore(policy.parameters())
-        return sd
-
-    def checkpoint(tag: str) -> Path:
-        weights = eval_weights()
-        if not (_all_finite(policy.parameters()) and _all_finite(weights.values())):
-            good = newest_checkpoint(run.checkpoints)
-            raise FloatingPointError(
-                f"the weights became non-finite by step {step} (training diverged); nothing was written, "
-                f"the last good checkpoint is {good or 'none'}; lower train.lr or raise train.warmup_steps")
-        training_state = {
-            "model": policy.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "ema": ema.state_dict() if ema is not None else {}, "rng": rng_state(), "step": step,
-            "world_size": ddp.world_size, "train_seconds": seconds_before + time.perf_counter() - t_start,
-            FINGERPRINT_KEY: fingerprint,
-        }
-        save_checkpoint(run.checkpoints / tag, policy, cfg_dict, training_state, weights)
-        return save_checkpoint(run.checkpoints / "last", policy, cfg_dict, training_state, weights)
-
-    writer = None
-    run.start()  # every check has passed: overwrite=true deletes the old run now, then the .run marker is written
     if ddp.is_main:
-        (run.path / "config.json").write_text(json.dumps(cfg_dict, indent=2))
-        writer = SummaryWriter(str(run.path / "tb"))
-        print(
-            f"policy={pconfig.name} attention={pconfig.vit.attention.kind} "
-            f"params={sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M "
-            f"episodes train/val={len(train_eps)}/{len(val_eps)} windows={len(train_set)} device={device} "
-            f"processes={ddp.world_size} batch={per_rank_batch}x{ddp.world_size} lr={lr:g} run_dir={run.path}"
-        )
-    from tqdm import tqdm
-
+        (r.run.path / "config.json").write_text(json.dumps(cfg_dict, indent=2))
     batches = iter(loader)
-    bar = tqdm(total=tcfg.steps, initial=step, desc="train", dynamic_ncols=True, mininterval=2.0, disable=not ddp.is_main)
-    t_last, n_last = time.perf_counter(), 0
-    last = run.checkpoints / "last"
-    policy.train()
+    last = r.run.checkpoints / "last"
+    state.policy.train()
+    while state.step < tcfg.steps:
+        batch = _to_device(next(batches), r.device)
+        info, grad_norm = optimize(state, batch, step_fn, autocast, tcfg.grad_clip)
+        step = state.step
+        logger.step(step, len(batch["action"]) * ddp.world_size, info, grad_norm, state.scheduler.get_last_lr()[0])
+        if ddp.is_main and r.data.val_set is not None and _due(step, tcfg.val_every, tcfg.steps):
+            logger.writer.add_scalar("val/loss", validate(state.policy, r.data.val_set, r.per_rank_batch, r.device), step)
+        if _due(step, tcfg.checkpoint_every, tcfg.steps):
+            if ddp.is_main:
+                last = save(state, r.run, f"step_{step:07d}", cfg_dict, ddp.world_size, r.seconds())
+                _maybe_evaluate(cfg, step, last, r.run.path, logger.writer, r.device)
+                state.policy.train()
+            ddp.barrier()
+    return last
+
+
+def train(cfg: TrainRunConfig) -> TrainResult:
+    """Train from a composed config (``core.config.compose("config", overrides)``)."""
+    t_start = time.perf_counter()
+    ddp = Distributed.from_env(cfg.device)
+    run, resume_from = claim_run(cfg, ddp)
+    device = setup_device(cfg, ddp)
+    # the same initial weights on every rank; different augmentation and noise draws per rank
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    per_rank_batch, lr = batch_and_lr(cfg.train, ddp.world_size)
+    data = build_data(cfg, resume_from)
+    state = build_state(cfg, data.stats, lr, device)
+    state.fingerprint = data.fingerprint
+    if resume_from is not None:
+        restore(state, resume_from, cfg, lr, ddp.is_main)
+    seed_rank(cfg.seed, ddp.rank, resume_from is not None, state.step)
+    loader = make_loader(data.train_set, per_rank_batch, cfg, ddp, state.step, device)
+    r = _Run(cfg, ddp, run, device, state, data, per_rank_batch, t_start)
+    logger = None
     try:
-        while step < tcfg.steps:
-            batch = _to_device(next(batches), device)
-            with autocast():
-                loss, info = step_fn(batch)
-            if not math.isfinite(info["loss"]):  # before the update: the weights are still the last good ones
-                raise FloatingPointError(f"loss became {info['loss']} at step {step + 1}; lower train.lr or check the dataset")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), tcfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            if ema is not None:
-                ema.step(policy.parameters())
-            step += 1
-            n_last += len(batch["action"]) * ddp.world_size
-            if ddp.is_main and (step % tcfg.log_every == 0 or step == tcfg.steps):
-                now = time.perf_counter()
-                sps = n_last / (now - t_last)
-                t_last, n_last = now, 0
-                for key, value in (("train/loss", info["loss"]), ("train/grad_norm", float(grad_norm)),
-                                   ("train/lr", scheduler.get_last_lr()[0]), ("train/samples_per_s", sps)):
-                    writer.add_scalar(key, value, step)
-                bar.set_postfix(loss=f"{info['loss']:.4f}", samples_s=f"{sps:.0f}")
-            bar.update(1)
-            if ddp.is_main and val_set is not None and (step % tcfg.val_every == 0 or step == tcfg.steps):
-                writer.add_scalar("val/loss", validate(policy, val_set, per_rank_batch, device), step)
-            if step % tcfg.checkpoint_every == 0 or step == tcfg.steps:
-                if ddp.is_main:
-                    last = checkpoint(f"step_{step:07d}")
-                    _maybe_evaluate(cfg, step, last, run.path, writer, device)
-                    policy.train()
-                ddp.barrier()
+        run.start()  # every check has passed: overwrite=true deletes the old run now, then the .run marker is written
+        logger = _Logger(run.path, cfg.train, state.step, ddp.is_main)
+        if ddp.is_main:
+            print(_describe(cfg, state, data, device, ddp, per_rank_batch, lr, run))
+        last = loop(r, loader, logger)
     finally:
-        bar.close()
-        if writer is not None:
-            writer.close()
+        if logger is not None:
+            logger.close()
         run.release()
     if ddp.is_main:
         print(f"last checkpoint: {last}")
-    return TrainResult(last if ddp.is_main else None, policy, step, seconds_before + time.perf_counter() - t_start)
+    return TrainResult(last if ddp.is_main else None, state.policy, state.step, state.seconds_before + r.seconds())
 
 
 def _maybe_evaluate(cfg: TrainRunConfig, step: int, checkpoint: Path, run_dir: Path, writer, device) -> None:
@@ -261,13 +407,14 @@ def _maybe_evaluate(cfg: TrainRunConfig, step: int, checkpoint: Path, run_dir: P
 
 
 @torch.no_grad()
-def validate(policy, dataset, batch_size: int, device, max_batches: int = 10) -> float:
+def validate(policy, dataset, batch_size: int, device, max_batches: int = VAL_MAX_BATCHES) -> float:
     # a fixed subset and fixed noise keep validation comparable across steps
     was_training = policy.training
     policy.eval()
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True,
+                                         generator=torch.Generator().manual_seed(VAL_SEED))
     state = torch.get_rng_state()
-    torch.manual_seed(0)
+    torch.manual_seed(VAL_SEED)
     losses = []
     for i, batch in enumerate(loader):
         if i >= max_batches:
@@ -278,10 +425,26 @@ def validate(policy, dataset, batch_size: int, device, max_batches: int = 10) ->
     return float(np.mean(losses))
 
 
+def _print_recipe() -> None:
+    """Under ``train_policy.py`` (Hydra's command line): which recipe pieces applied, and what they
+    changed in the task."""
+    import os
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from .config import recipe_report
+
+    if not HydraConfig.initialized() or int(os.environ.get("RANK", "0")) != 0:
+        return
+    hydra_cfg = HydraConfig.get()
+    print("\n".join(recipe_report(dict(hydra_cfg.runtime.choices), list(hydra_cfg.overrides.task))))
+
+
 def run(cfg: TrainRunConfig) -> TrainResult:
-    """What ``train_policy.py`` does: train, then leave torchrun's process group."""
+    """What ``train_policy.py`` does: say what the recipe did, train, then leave torchrun's process group."""
     import torch.distributed as dist
 
+    _print_recipe()
     try:
         return train(cfg)
     except KeyboardInterrupt:

@@ -2,10 +2,10 @@
 
 Interface (lerobot-style): ``reset()``, ``select_action(obs)`` (one step, keeps an action queue),
 ``predict_action_chunk(obs)`` (batched, stateless), ``compute_loss(batch)``.
-Recurrent policies keep a state per environment "slot" (any hashable id, e.g. the index of an
-environment in an EnvPool): ``predict_action_chunk_for(obs, slots)`` reads and advances the state of
-the slots in the batch, ``reset_slots(slots)`` forgets it when they start new episodes. A stateless
-policy ignores both (the defaults below), so a rollout loop can call them for every policy.
+``select_action`` is what every rollout runs, batched over environments: each environment (row j of
+the batch, or ``envs[j]``) has its own observation history, action queue and, in a recurrent policy,
+state; ``reset(envs)`` starts new episodes in some of them. A policy with state across replanning
+steps overrides one hook, ``plan(obs, carries)``; a stateless one keeps the default.
 Glossary: To = n_obs_steps, T = horizon, Ta = n_action_steps, Da = action_dim.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -40,7 +40,12 @@ class PolicyConfig:
     # whether Ta may change at rollout without retraining (it only sets how often the policy replans);
     # False where the network's output size depends on it
     inference_action_steps: ClassVar[bool] = True
+    # nested config -> the flat fields it held in checkpoints written before it existed (see upgrade)
+    legacy_fields: ClassVar[dict[str, tuple[str, ...]]] = {}
     crop_size: int = 84
+    # true: the last crop_size % patch_size pixel rows and columns are knowingly left unseen (the ViT's
+    # patch grid covers crop_size // patch_size patches); false: such a crop is warned about
+    drop_crop_remainder: bool = False
     share_vit: bool = False  # one ViT for all cameras, or one each
     image_aug: ImageAugConfig = field(default_factory=ImageAugConfig)
     vit: ViTConfig = field(default_factory=ViTConfig)
@@ -71,9 +76,10 @@ class PolicyConfig:
         if self.crop_size < self.vit.patch_size:
             raise ValueError(f"task.crop_size ({self.crop_size}) is smaller than one {self.vit.patch_size}-px patch; "
                              "lower policy.vit.patch_size or raise the crop")
-        if self.crop_size % self.vit.patch_size:
+        if self.crop_size % self.vit.patch_size and not self.drop_crop_remainder:
             warnings.warn(f"task.crop_size {self.crop_size} is not a multiple of the {self.vit.patch_size}-px patch: "
-                          f"the last {self.crop_size % self.vit.patch_size} pixel rows and columns are never seen")
+                          f"the last {self.crop_size % self.vit.patch_size} pixel rows and columns are never seen; "
+                          f"choose a multiple, or pass policy.drop_crop_remainder=true if that is what you want")
         # the patch grid of the training crop: the learned position embedding is made for it
         self.vit.base_grid = (self.crop_size // self.vit.patch_size,) * 2
 
@@ -98,6 +104,36 @@ class PolicyConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def upgrade(cls, fields: dict) -> dict:
+        """A saved config's fields in today's layout: flat fields an older checkpoint holds move
+        into the nested config that owns them now (``legacy_fields``)."""
+        fields = dict(fields)
+        for nested, names in cls.legacy_fields.items():
+            moved = {name: fields.pop(name) for name in names if name in fields}
+            if moved:
+                fields[nested] = {**moved, **(fields.get(nested) or {})}
+        return fields
+
+
+class Acting:
+    """One environment's acting state inside ``select_action``: its To latest observations (the
+    first repeated To times, as the training sampler pads), its queued actions and a policy's carry."""
+
+    def __init__(self, n_obs_steps: int):
+        self.obs: deque = deque(maxlen=n_obs_steps)
+        self.actions: deque = deque()
+        self.carry = None
+
+    def observe(self, obs: dict[str, torch.Tensor]) -> None:
+        if not self.obs:
+            self.obs.extend([obs] * self.obs.maxlen)
+        else:
+            self.obs.append(obs)
+
+    def history(self, key: str) -> torch.Tensor:
+        return torch.stack([o[key] for o in self.obs])  # (To, ...)
+
 
 class Policy(nn.Module):
     name: ClassVar[str]
@@ -120,33 +156,40 @@ class Policy(nn.Module):
         """obs[key]: (B, To, ...) -> unnormalized actions (B, Ta, Da) to execute from now on."""
         raise NotImplementedError
 
-    def reset(self) -> None:
-        """Start over: empty the queues of ``select_action`` (and, in a recurrent policy, every slot's state)."""
-        self._obs_queue: deque = deque(maxlen=self.config.n_obs_steps)
-        self._action_queue: deque = deque()
+    def reset(self, envs=None) -> None:
+        """Start new episodes in environments ``envs`` (any hashable ids; None: all): forget their
+        observation history, queued actions and recurrent state."""
+        if envs is None:
+            self._acting: dict[Any, Acting] = {}
+        for env in envs or ():
+            self._acting.pop(env, None)
 
-    # --- per-environment state (recurrent policies override these; stateless ones keep them) ---
-    def reset_slots(self, slots) -> None:
-        """The environments ``slots`` start new episodes: forget whatever state they carried."""
-
-    def predict_action_chunk_for(self, obs: dict[str, torch.Tensor], slots) -> torch.Tensor:
-        """``predict_action_chunk`` for a batch whose row j is environment ``slots[j]``; a recurrent
-        policy reads and advances each slot's own state. Called once per replanning (every Ta steps)."""
-        return self.predict_action_chunk(obs)
+    def plan(self, obs: dict[str, torch.Tensor], carries: list) -> tuple[torch.Tensor, list]:
+        """One replanning step of ``select_action``: obs[key] (B, To, ...) with row j's carried state
+        ``carries[j]`` (None at an episode start) -> (actions (B, Ta, Da), the new carries).
+        Stateless policies carry nothing; a recurrent policy carries its hidden state."""
+        return self.predict_action_chunk(obs), carries
 
     @torch.no_grad()
-    def select_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """obs[key]: (B, ...) for one step -> action (B, Da); replans every Ta steps."""
-        if not self._obs_queue:  # first step of an episode: repeat it To times, as the sampler pads
-            self._obs_queue.extend([obs] * self.config.n_obs_steps)
-        else:
-            self._obs_queue.append(obs)
-        if not self._action_queue:
-            stacked = {k: torch.stack([o[k] for o in self._obs_queue], dim=1) for k in obs}  # (B, To, ...)
-            slots = list(range(len(next(iter(obs.values())))))  # row j is slot j (one recurrent state each)
-            chunk = self.predict_action_chunk_for(stacked, slots)  # (B, Ta, Da)
-            self._action_queue.extend(chunk.unbind(1))
-        return self._action_queue.popleft()
+    def select_action(self, obs: dict[str, torch.Tensor], envs=None) -> torch.Tensor:
+        """obs[key]: (B, ...) one step of B environments -> actions (B, Da). Row j is environment
+        ``envs[j]`` (default: j); the environments whose action queue is empty replan together in
+        one batched forward pass, every Ta steps each."""
+        rows = next(iter(obs.values())).shape[0]
+        envs = list(range(rows)) if envs is None else list(envs)
+        if len(envs) != rows or len(set(envs)) != rows:
+            raise ValueError(f"select_action needs one distinct environment per batch row, got {envs}")
+        acting = [self._acting.setdefault(env, Acting(self.config.n_obs_steps)) for env in envs]
+        for j, state in enumerate(acting):
+            state.observe({k: v[j] for k, v in obs.items()})
+        need = [j for j, state in enumerate(acting) if not state.actions]
+        if need:
+            stacked = {k: torch.stack([acting[j].history(k) for j in need]) for k in obs}  # (B', To, ...)
+            chunk, carries = self.plan(stacked, [acting[j].carry for j in need])  # (B', Ta, Da)
+            for row, j in enumerate(need):
+                acting[j].actions.extend(chunk[row].unbind(0))
+                acting[j].carry = carries[row]
+        return torch.stack([state.actions.popleft() for state in acting])  # (B, Da)
 
     # --- shared helpers ------------------------------------------------------------------
     def encode_obs(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:

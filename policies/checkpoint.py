@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .base import Policy, make_policy
+from .base import Policy, get_policy_class, make_policy
 
 
 # --- nested python state <-> (flat tensors, JSON skeleton) -------------------------------------
@@ -183,7 +183,13 @@ def resolve_checkpoint(path) -> Path:
 
 
 def read_checkpoint_meta(path) -> dict:
-    return json.loads((resolve_checkpoint(path) / "config.json").read_text())
+    """A checkpoint's config.json, its policy config in today's layout (``PolicyConfig.upgrade``)."""
+    meta = json.loads((resolve_checkpoint(path) / "config.json").read_text())
+    upgrade = get_policy_class(meta["policy"]).config_class.upgrade
+    meta["policy_config"] = upgrade(meta["policy_config"])
+    if isinstance((meta.get("cfg") or {}).get("policy"), dict):
+        meta["cfg"]["policy"] = upgrade(meta["cfg"]["policy"])
+    return meta
 
 
 def load_policy(path, device="cpu", expected_policy: str | None = None, **config_overrides) -> Policy:

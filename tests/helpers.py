@@ -14,6 +14,13 @@ TINY_POLICY = [
     "policy.vit.dim=32", "policy.vit.depth=2", "policy.vit.num_heads=4", "policy.vit.out_dim=16",
     "policy.horizon=8", "policy.n_action_steps=4",
 ]
+# a tiny policy on PushT-shaped tensors (one 32x32 camera, a 2-D position, 2-D actions), for tests
+# that build policies without a dataset: its normalization statistics and its encoder fields
+ACT_MIN, ACT_MAX = np.array([0.0, -5.0], np.float32), np.array([512.0, 5.0], np.float32)
+TINY_STATS = {"agent_pos": {"min": np.zeros(2, np.float32), "max": np.full(2, 512.0, np.float32)},
+              "action": {"min": ACT_MIN, "max": ACT_MAX}}
+TINY_ENCODER = dict(input_shapes={"image": [3, 32, 32], "agent_pos": [2]}, action_dim=2, crop_size=24,
+                    vit=dict(patch_size=8, dim=32, depth=1, num_heads=2, out_dim=16))
 TINY_DIFFUSION = ["policy.down_dims=[16,32]", "policy.diffusion_step_embed_dim=16", "policy.num_inference_steps=3"]
 
 

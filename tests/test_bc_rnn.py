@@ -1,5 +1,5 @@
-"""BC-RNN on tiny synthetic tensors: learns, resets its state, keeps one state per environment slot
-(also inside core.evaluation.evaluate), saves and loads, trains and rolls out end to end."""
+"""BC-RNN on tiny synthetic tensors: learns, resets its state, keeps one state per environment
+(select_action, also inside core.evaluation.evaluate), saves and loads, trains and rolls out end to end."""
 import numpy as np
 import pytest
 import torch
@@ -7,14 +7,10 @@ import torch
 from policies.base import make_policy, make_policy_config
 from policies.checkpoint import load_policy, save_checkpoint
 
-ACT_MIN, ACT_MAX = np.array([0.0, -5.0], np.float32), np.array([512.0, 5.0], np.float32)
-STATS = {"agent_pos": {"min": np.zeros(2, np.float32), "max": np.full(2, 512.0, np.float32)},
-         "action": {"min": ACT_MIN, "max": ACT_MAX}}
-TINY = dict(
-    input_shapes={"image": [3, 32, 32], "agent_pos": [2]}, action_dim=2, crop_size=24, horizon=6,
-    rnn_hidden_dim=32, rnn_num_layers=2, num_modes=1,
-    vit=dict(patch_size=8, dim=32, depth=1, num_heads=2, out_dim=16, base_grid=[3, 3]),
-)
+from tests.helpers import ACT_MAX, ACT_MIN, TINY_ENCODER
+from tests.helpers import TINY_STATS as STATS
+
+TINY = dict(TINY_ENCODER, horizon=6, rnn_hidden_dim=32, rnn_num_layers=2, gmm=dict(num_modes=1))
 
 
 def tiny_rnn(**fields):
@@ -52,14 +48,14 @@ def frame(ep, t):
 
 def test_defaults_are_robomimics():
     c = make_policy_config("bc_rnn", **{k: v for k, v in TINY.items() if k not in ("horizon", "rnn_hidden_dim",
-                                                                                     "rnn_num_layers", "num_modes")})
+                                                                                     "rnn_num_layers", "gmm")})
     assert (c.n_obs_steps, c.horizon, c.n_action_steps, c.rnn_steps, c.window_obs_steps) == (1, 10, 1, 10, 10)
-    assert (c.rnn_hidden_dim, c.rnn_num_layers, c.num_modes, c.min_std, c.std_activation, c.low_noise_eval) == (
+    assert (c.rnn_hidden_dim, c.rnn_num_layers, c.gmm.num_modes, c.gmm.min_std, c.gmm.std_activation, c.gmm.low_noise_eval) == (
         400, 2, 5, 1e-4, "softplus", True)
     assert c.hidden_dims == [] and c.state_reset_every == 10
 
 
-@pytest.mark.parametrize("fields", [dict(num_modes=5), dict(n_obs_steps=2, n_image_obs_steps=1, horizon=7, n_action_steps=2)],
+@pytest.mark.parametrize("fields", [dict(gmm=dict(num_modes=5)), dict(n_obs_steps=2, n_image_obs_steps=1, horizon=7, n_action_steps=2)],
                          ids=str)
 def test_loss_decreases_on_a_fixed_batch(fields):
     policy = tiny_rnn(**fields)
@@ -108,52 +104,52 @@ def test_state_is_carried_and_reset_at_episode_start():
     fresh_actions = torch.stack([fresh.select_action(frame(ep, t)) for t in range(8)], 1)
     torch.testing.assert_close(again, first, atol=1e-3, rtol=0)
     torch.testing.assert_close(fresh_actions, first, atol=1e-3, rtol=0)
-    # and so does reset_slots, the per-slot reset that core.evaluation calls at every episode start
+    # and so does reset(envs), the per-environment reset that core.evaluation calls at every episode start
     policy.reset()
     for t in range(5):
-        policy.predict_action_chunk_for(step(ep, t), [0, 1])
-    policy.reset_slots([0, 1])
-    after = torch.stack([policy.predict_action_chunk_for(step(ep, t), [0, 1])[:, 0] for t in range(8)], 1)
+        policy.select_action(frame(ep, t), envs=["x", "y"])
+    policy.reset(["x", "y"])
+    after = torch.stack([policy.select_action(frame(ep, t), envs=["x", "y"]) for t in range(8)], 1)
     torch.testing.assert_close(after, first, atol=1e-3, rtol=0)
 
 
 def test_rollout_state_resets_every_training_unroll_by_default():
     ep = episode(9, seed=2)
     policy = tiny_rnn(horizon=3).eval()  # 3 LSTM steps: a zero state at steps 0, 3, 6 (robomimic's rollout)
-    carried = torch.cat([policy.predict_action_chunk_for(step(ep, t), ["a"]) for t in range(9)], 1)[0]
+    carried = torch.stack([policy.select_action(frame(ep, t), envs=["a"]) for t in range(9)], 1)[0]
     restarted = torch.cat([policy.predict_action_chunk(step(ep, t)) for t in (0, 3, 6)], 1)[0]
     torch.testing.assert_close(carried[[0, 3, 6]], restarted, atol=1e-3, rtol=0)
     assert not torch.allclose(carried[[1, 4, 7]], torch.cat([policy.predict_action_chunk(step(ep, t)) for t in (1, 4, 7)], 1)[0],
                               atol=1e-3)
 
 
-def test_parallel_slots_keep_separate_states():
-    policy = tiny_rnn(reset_every=0, num_modes=1).eval()
+def test_parallel_environments_keep_separate_states():
+    policy = tiny_rnn(reset_every=0, gmm=dict(num_modes=1)).eval()
     a, b, b2 = episode(8, seed=3), episode(8, seed=4), episode(8, seed=5)
-    both = lambda x, y, t: {k: torch.cat([step(x, t)[k], step(y, t)[k]]) for k in ("image", "agent_pos")}
-    with_b = torch.stack([policy.predict_action_chunk_for(both(a, b, t), [0, 1]) for t in range(8)], 1)
+    both = lambda x, y, t: {k: torch.cat([frame(x, t)[k], frame(y, t)[k]]) for k in ("image", "agent_pos")}
+    with_b = torch.stack([policy.select_action(both(a, b, t)) for t in range(8)], 1)
     policy.reset()
-    with_b2 = torch.stack([policy.predict_action_chunk_for(both(a, b2, t), [0, 1]) for t in range(8)], 1)
+    with_b2 = torch.stack([policy.select_action(both(a, b2, t)) for t in range(8)], 1)
     policy.reset()
-    alone = torch.stack([policy.predict_action_chunk_for(step(a, t), [0]) for t in range(8)], 1)
-    torch.testing.assert_close(with_b[0], with_b2[0], atol=1e-3, rtol=0)  # slot 0 never sees slot 1's frames
+    alone = torch.stack([policy.select_action(frame(a, t)) for t in range(8)], 1)
+    torch.testing.assert_close(with_b[0], with_b2[0], atol=1e-3, rtol=0)  # environment 0 never sees 1's frames
     torch.testing.assert_close(with_b[0], alone[0], atol=1e-3, rtol=0)
     assert not torch.allclose(with_b[1], with_b2[1], atol=1e-3)
-    # slots in another order, or only some of them in a batch, each still get their own state
+    # environments in another order, or only some of them in a batch, each still get their own state
     policy.reset()
     mixed = []
     for t in range(8):
         if t % 2:
-            mixed.append(policy.predict_action_chunk_for(both(b, a, t), ["y", "x"])[1])
+            mixed.append(policy.select_action(both(b, a, t), envs=["y", "x"])[1])
         else:
-            mixed.append(policy.predict_action_chunk_for(step(a, t), ["x"])[0])
-            policy.predict_action_chunk_for(step(b, t), ["y"])
+            mixed.append(policy.select_action(frame(a, t), envs=["x"])[0])
+            policy.select_action(frame(b, t), envs=["y"])
     torch.testing.assert_close(torch.stack(mixed), alone[0], atol=1e-3, rtol=0)
-    with pytest.raises(ValueError, match="one distinct slot per batch row"):
-        policy.predict_action_chunk_for(both(a, b, 0), [0, 0])
+    with pytest.raises(ValueError, match="one distinct environment per batch row"):
+        policy.select_action(both(a, b, 0), envs=[0, 0])
 
 
-EPISODE_LENGTHS = (5, 3, 6, 2, 4)  # with 3 environments slot 1 falls idle while slots 0 and 2 still run
+EPISODE_LENGTHS = (5, 3, 6, 2, 4)  # with 3 environments the second falls idle while the other two still run
 
 
 class _FakeEnv:
@@ -212,9 +208,9 @@ def _evaluate_with_fake_pool(monkeypatch, policy, n_envs):
 
 @pytest.mark.parametrize("n_action_steps", [1, 2])
 def test_evaluate_gives_every_environment_its_own_state(monkeypatch, n_action_steps):
-    policy = tiny_rnn(reset_every=0, num_modes=1, n_action_steps=n_action_steps)
-    one = _evaluate_with_fake_pool(monkeypatch, policy, 1)  # episodes one after another in one slot
-    three = _evaluate_with_fake_pool(monkeypatch, policy, 3)  # staggered episodes, slots reused
+    policy = tiny_rnn(reset_every=0, gmm=dict(num_modes=1), n_action_steps=n_action_steps)
+    one = _evaluate_with_fake_pool(monkeypatch, policy, 1)  # episodes one after another in one environment
+    three = _evaluate_with_fake_pool(monkeypatch, policy, 3)  # staggered episodes, environments reused
     assert sorted(one) == sorted(three) == list(range(5))
     for seed in one:
         assert len(one[seed]) == len(three[seed]) == EPISODE_LENGTHS[seed]
@@ -238,9 +234,10 @@ def test_save_load_gives_identical_actions(tmp_path):
     loaded = load_policy(tmp_path / "ckpt")
     assert type(loaded) is type(policy) and loaded.config == policy.config
     for t in range(6):
-        g1, g2 = torch.Generator().manual_seed(t), torch.Generator().manual_seed(t)
-        a = policy.predict_action_chunk_for(step(ep, t), [0, 1, 2], generator=g1)
-        b = loaded.predict_action_chunk_for(step(ep, t), [0, 1, 2], generator=g2)
+        torch.manual_seed(t)
+        a = policy.select_action(frame(ep, t))
+        torch.manual_seed(t)
+        b = loaded.select_action(frame(ep, t))
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -265,3 +262,24 @@ def test_train_and_evaluate_checkpoint_end_to_end(tmp_path, tiny_pusht_zarr):
     assert same["n_action_steps"] == 1
     with pytest.raises(OverrideError, match="n_action_steps= cannot change at rollout for a 'bc_rnn' checkpoint"):
         evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=2, num_videos=0, progress=False, n_action_steps=4)
+
+
+def test_a_checkpoint_with_the_flat_gmm_fields_of_before_loads(tmp_path):
+    """Checkpoints written before policy.gmm held num_modes, min_std, std_activation, low_noise_eval
+    among the policy's own fields: they load into policy.gmm."""
+    import json
+
+    policy = tiny_rnn(gmm=dict(num_modes=2, min_std=1e-3)).eval()
+    save_checkpoint(tmp_path / "ckpt", policy, cfg={"policy": policy.config.to_dict()})
+    meta_path = tmp_path / "ckpt" / "config.json"
+    meta = json.loads(meta_path.read_text())
+    for section in (meta["policy_config"], meta["cfg"]["policy"]):
+        section.update(section.pop("gmm"))  # the old, flat layout
+    meta_path.write_text(json.dumps(meta))
+    loaded = load_policy(tmp_path / "ckpt")
+    assert (loaded.config.gmm.num_modes, loaded.config.gmm.min_std) == (2, 1e-3)
+    ep = episode(3, seed=7)
+    torch.manual_seed(0)
+    a = policy.select_action(frame(ep, 0))
+    torch.manual_seed(0)
+    torch.testing.assert_close(loaded.select_action(frame(ep, 0)), a, rtol=0, atol=0)

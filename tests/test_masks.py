@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from policies.vision import masks
+from policies.vision.masks import cli
 from policies.vision.attention import AttentionConfig
 from policies.vision.masks import (
     KINDS,
@@ -91,7 +92,7 @@ def test_fibottention_dense_bias_matches_offsets_and_is_minus_inf():
         assert torch.all(block[allowed] == 0)
         assert torch.all(torch.isneginf(block[~allowed]))
     # about 2% of patch pairs are visible on average
-    frac = masks.summarize(make("fibottention", 12, modified=False, shuffle=False), grid)["visible_fraction"]
+    frac = cli.summarize(make("fibottention", 12, modified=False, shuffle=False), grid)["visible_fraction"]
     assert 0.015 < frac < 0.025
 
 
@@ -211,7 +212,7 @@ def test_lookhere_rotated_directions_cover_all_eight_across_layers(variant):
 @pytest.mark.parametrize("variant,expected", [("180", 0.5), ("90", 0.25), ("45", 0.125)])
 def test_lookhere_directed_heads_see_their_share_on_a_large_grid(variant, expected):
     pat = make("lookhere", 8, variant=variant, undirected_fraction=0.0)
-    s = masks.summarize(pat, (31, 31))
+    s = cli.summarize(pat, (31, 31))
     assert s["visible_fraction"] == pytest.approx(expected, abs=0.04)
 
 
@@ -251,10 +252,10 @@ def test_unknown_kind_lists_known():
         make_pattern("sparse-magic", 4)
 
 
-@pytest.mark.parametrize("kind", list(masks.CLI_KINDS))
+@pytest.mark.parametrize("kind", list(cli.CLI_KINDS))
 def test_cli_json_answers_for_every_kind(kind, capsys, tmp_path):
-    png = tmp_path / "p.png"
-    assert masks.main([kind, "--grid", "6x5", "--heads", "3", "--depth", "2", "--json", "--png", str(png)]) == 0
+    png = tmp_path / "missing" / "folder" / "p.png"  # the CLI makes the folder
+    assert cli.main([kind, "--grid", "6x5", "--heads", "3", "--depth", "2", "--json", "--png", str(png)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["grid"] == [6, 5]
     assert len(out["heads"]) == 3
@@ -308,3 +309,14 @@ def test_multiplicative_mask_keeps_weight_on_masked_pairs():
 def test_mask_mode_is_refused_where_it_cannot_apply(settings, message):
     with pytest.raises(ValueError, match=message):
         AttentionConfig(**settings)
+
+
+def test_python_m_runs_the_cli_and_imports_no_circle():
+    from tests.helpers import run_command
+
+    proc = run_command(["-m", "policies.vision.masks", "lookhere-90", "--grid", "4x4", "--heads", "3", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["kind"] == "lookhere-90"
+    # the patterns load without the attention module (which imports them): no import circle
+    proc = run_command(["-c", "import sys, policies.vision.masks; print('policies.vision.attention' in sys.modules)"])
+    assert proc.stdout.strip() == "False", proc.stderr

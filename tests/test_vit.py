@@ -34,24 +34,50 @@ def _vit(att, heads=4, use_cls=True, pos="learned"):
     return ViT(cfg)
 
 
+def _unmasked(vit: ViT) -> ViT:
+    """The same encoder (same weights, position embedding, read-out) with every mask removed: what an
+    encoder that ignored its attention pattern would compute."""
+    import copy
+
+    from policies.vision.attention import Attention
+    from policies.vision.masks import FullPattern
+
+    twin = copy.deepcopy(vit)
+    for module in twin.modules():
+        if isinstance(module, Attention):
+            module.pattern = FullPattern(module.pattern.num_heads)
+            module.clear_attention_cache()
+    return twin
+
+
+def _assert_the_mask_acts(att: dict, vit: ViT, images: torch.Tensor) -> None:
+    out, free = vit(images), _unmasked(vit)(images)
+    assert out.shape == free.shape == (images.shape[0], 64)
+    assert torch.isfinite(out).all()
+    if att["kind"] == "full":
+        torch.testing.assert_close(out, free, rtol=0, atol=0)
+    else:  # the pattern changes what the encoder computes
+        assert (out - free).abs().max() > 1e-4, att
+
+
 @pytest.mark.parametrize("att", KINDS, ids=lambda a: "-".join(str(v) for v in a.values()))
 @pytest.mark.parametrize("heads", [1, 3, 6, 8, 12])
-def test_forward_any_head_count(att, heads):
-    out = _vit(att, heads)(torch.rand(2, 3, 72, 72))
-    assert out.shape == (2, 64)
-    assert torch.isfinite(out).all()
+def test_forward_any_head_count_applies_the_mask(att, heads):
+    _assert_the_mask_acts(att, _vit(att, heads).eval(), torch.rand(2, 3, 72, 72))
 
 
 @pytest.mark.parametrize("att", KINDS, ids=lambda a: "-".join(str(v) for v in a.values()))
 @pytest.mark.parametrize("use_cls", [True, False])
-def test_grid_change_9x9_to_12x12_is_finite(att, use_cls):
+def test_grid_change_9x9_to_12x12_applies_the_mask_of_the_new_grid(att, use_cls):
     vit = _vit(att, use_cls=use_cls).eval()
-    small = vit(torch.rand(2, 3, 72, 72))  # 9 x 9 patches
-    large = vit(torch.rand(2, 3, 96, 96))  # 12 x 12 patches, never seen in training
-    assert small.shape == large.shape == (2, 64)
-    assert torch.isfinite(large).all()
+    _assert_the_mask_acts(att, vit, torch.rand(2, 3, 72, 72))  # 9 x 9 patches
+    _assert_the_mask_acts(att, vit, torch.rand(2, 3, 96, 96))  # 12 x 12 patches, never seen in training
     _, grid = vit.forward_tokens(torch.rand(1, 3, 96, 96))
     assert grid == (12, 12)
+    if att["kind"] != "full":  # the bias was rebuilt for 12 x 12: (1, heads, prefix + 144, prefix + 144)
+        attention = next(m for m in vit.modules() if hasattr(m, "dense_bias") and hasattr(m, "cache"))
+        n = int(use_cls) + 144
+        assert attention.dense_bias((12, 12), int(use_cls), "cpu").shape[-2:] == (n, n)
 
 
 @pytest.mark.parametrize("att", KINDS, ids=lambda a: "-".join(str(v) for v in a.values()))
@@ -133,17 +159,6 @@ def test_bias_is_cached_and_rebuilt_for_a_new_grid():
     assert attn.dense_bias((12, 12), 1, "cpu").shape == (1, 4, 145, 145) and len(attn.cache) == 2
     vit.clear_attention_cache()
     assert all(len(block.attn.cache) == 0 for block in vit.blocks)
-
-
-def test_config_errors_name_the_field():
-    with pytest.raises(ValueError, match="attention.kind='fibonacci' is unknown; known kinds: full, fibottention"):
-        AttentionConfig(kind="fibonacci")
-    with pytest.raises(ValueError, match="attention.impl"):
-        AttentionConfig(impl="fast")
-    with pytest.raises(ValueError, match="attention.variant"):
-        AttentionConfig(kind="lookhere", variant="60")
-    with pytest.raises(ValueError, match=r"vit.dim \(50\) must be divisible by vit.num_heads \(4\)"):
-        ViTConfig(dim=50, num_heads=4)
 
 
 def test_sincos_position_embedding_interpolates_any_grid():

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..base import PolicyConfig
+from .heads import GMM_LEGACY_FIELDS, GMMConfig
 
 HEADS = ("mlp", "gmm")
 LOSSES = ("l2", "l1")
-STD_ACTIVATIONS = ("softplus", "exp")
 GMM_OVER = ("chunk", "step")
 
 
@@ -16,7 +17,7 @@ class BCConfig(PolicyConfig):
 
     ``head='mlp'``: a deterministic MLP regresses the whole normalized action chunk (T x Da),
     trained with ``loss`` (l2 | l1).
-    ``head='gmm'``: robomimic's BC-GMM head, a mixture of ``num_modes`` diagonal Gaussians
+    ``head='gmm'``: robomimic's BC-GMM head, a mixture of ``gmm.num_modes`` diagonal Gaussians
     trained by log-likelihood. ``gmm_over='chunk'`` (default) puts one mixture over the flattened
     chunk, so a whole chunk follows one mode; ``'step'`` puts an independent mixture on every step.
     The chunk is executed ``n_action_steps`` at a time, as the diffusion policy does.
@@ -32,20 +33,19 @@ class BCConfig(PolicyConfig):
     tanh: bool = True
     # mlp head
     loss: str = "l2"  # l2 | l1
-    # gmm head (robomimic's BC-GMM defaults)
-    num_modes: int = 5
-    min_std: float = 1e-4
-    std_activation: str = "softplus"  # softplus | exp
-    low_noise_eval: bool = True  # predict with std 1e-4: a sample is ~ the mean of one sampled mode
+    # gmm head
+    gmm: GMMConfig = field(default_factory=GMMConfig)
     gmm_over: str = "chunk"  # chunk | step
+    legacy_fields: ClassVar[dict] = GMM_LEGACY_FIELDS
 
     def __post_init__(self):
         super().__post_init__()
+        if isinstance(self.gmm, dict):
+            self.gmm = GMMConfig(**self.gmm)
         self.hidden_dims = [int(d) for d in self.hidden_dims]
         for name, value, choices in (
             ("head", self.head, HEADS),
             ("loss", self.loss, LOSSES),
-            ("std_activation", self.std_activation, STD_ACTIVATIONS),
             ("gmm_over", self.gmm_over, GMM_OVER),
         ):
             if value not in choices:
@@ -54,7 +54,3 @@ class BCConfig(PolicyConfig):
             raise ValueError(f"policy.hidden_dims {self.hidden_dims} must all be >= 1")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"policy.dropout ({self.dropout}) must be in [0, 1)")
-        if self.num_modes < 1:
-            raise ValueError(f"policy.num_modes must be >= 1, got {self.num_modes}")
-        if not self.min_std > 0:
-            raise ValueError(f"policy.min_std must be > 0 (a floor on every Gaussian's std), got {self.min_std}")

@@ -7,12 +7,38 @@ tied to its own observation encoders, so the head is rebuilt here on our conditi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributions as D
 import torch.nn.functional as F
 from torch import nn
 
 LOW_NOISE_STD = 1e-4  # robomimic's low_noise_eval std
+STD_ACTIVATIONS = ("softplus", "exp")
+
+
+@dataclass
+class GMMConfig:
+    """The GMM head's settings (``policy.gmm``), shared by ``bc`` (head=gmm) and ``bc_rnn``:
+    robomimic's BC-GMM defaults."""
+
+    num_modes: int = 5
+    min_std: float = 1e-4  # a floor on every Gaussian's std
+    std_activation: str = "softplus"  # softplus | exp
+    low_noise_eval: bool = True  # predict with std LOW_NOISE_STD: a sample is ~ the mean of one sampled mode
+
+    def __post_init__(self):
+        if self.std_activation not in STD_ACTIVATIONS:
+            raise ValueError(f"policy.gmm.std_activation={self.std_activation!r} is unknown; choose one of {STD_ACTIVATIONS}")
+        if self.num_modes < 1:
+            raise ValueError(f"policy.gmm.num_modes must be >= 1, got {self.num_modes}")
+        if not self.min_std > 0:
+            raise ValueError(f"policy.gmm.min_std must be > 0 (a floor on every Gaussian's std), got {self.min_std}")
+
+
+# checkpoints written before policy.gmm held its fields flat among the policy's (PolicyConfig.upgrade)
+GMM_LEGACY_FIELDS = {"gmm": tuple(GMMConfig.__dataclass_fields__)}
 
 
 def make_mlp(in_dim: int, hidden_dims: list[int], out_dim: int, dropout: float = 0.0) -> nn.Sequential:

@@ -22,7 +22,8 @@ class BCPolicy(Policy):
             self.head = MLPHead(cond_dim, c.horizon, c.action_dim, c.hidden_dims, c.dropout, c.tanh)
         else:
             self.head = GMMHead(
-                cond_dim, c.horizon, c.action_dim, c.hidden_dims, c.num_modes, c.min_std, c.std_activation, c.tanh, c.gmm_over, c.dropout
+                cond_dim, c.horizon, c.action_dim, c.hidden_dims, c.gmm.num_modes, c.gmm.min_std, c.gmm.std_activation, c.tanh,
+                c.gmm_over, c.dropout
             )
 
     def compute_loss(self, batch):
@@ -46,5 +47,5 @@ class BCPolicy(Policy):
         if c.head == "mlp":
             x = self.head(cond)
         else:
-            x = self.head.sample(cond, low_noise=c.low_noise_eval, generator=generator)
+            x = self.head.sample(cond, low_noise=c.gmm.low_noise_eval, generator=generator)
         return self.actions_to_execute(x)  # (B, Ta, Da)

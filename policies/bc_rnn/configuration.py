@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 from ..base import PolicyConfig
-from ..bc.configuration import STD_ACTIVATIONS
+from ..bc.heads import GMM_LEGACY_FIELDS, GMMConfig
 
 
 @dataclass
@@ -37,25 +37,21 @@ class BCRNNConfig(PolicyConfig):
     hidden_dims: list[int] = field(default_factory=list)  # MLP between the LSTM and the GMM outputs
     # LSTM steps between state resets at rollout; None: rnn_steps (robomimic), 0: only at episode start
     reset_every: Optional[int] = None
-    # gmm head (robomimic's BC-GMM defaults); one mixture over each step's Ta x Da actions
-    num_modes: int = 5
-    min_std: float = 1e-4
-    std_activation: str = "softplus"  # softplus | exp
+    # gmm head: one mixture over each step's Ta x Da actions
+    gmm: GMMConfig = field(default_factory=GMMConfig)
     tanh: bool = True  # squash the mixture means into the normalized range [-1, 1]
-    low_noise_eval: bool = True  # predict with std 1e-4: a sample is ~ the mean of one sampled mode
+    legacy_fields: ClassVar[dict] = GMM_LEGACY_FIELDS
 
     def __post_init__(self):
         super().__post_init__()
+        if isinstance(self.gmm, dict):
+            self.gmm = GMMConfig(**self.gmm)
         self.hidden_dims = [int(d) for d in self.hidden_dims]
-        if self.std_activation not in STD_ACTIVATIONS:
-            raise ValueError(f"policy.std_activation={self.std_activation!r} is unknown; choose one of {STD_ACTIVATIONS}")
-        for name in ("rnn_hidden_dim", "rnn_num_layers", "num_modes"):
+        for name in ("rnn_hidden_dim", "rnn_num_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"policy.{name} must be >= 1, got {getattr(self, name)}")
         if any(d < 1 for d in self.hidden_dims):
             raise ValueError(f"policy.hidden_dims {self.hidden_dims} must all be >= 1")
-        if not self.min_std > 0:
-            raise ValueError(f"policy.min_std must be > 0 (a floor on every Gaussian's std), got {self.min_std}")
         if self.reset_every is not None and self.reset_every < 0:
             raise ValueError(f"policy.reset_every must be >= 0 (0: reset only at episode start) or null, got {self.reset_every}")
 

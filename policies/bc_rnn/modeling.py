@@ -1,8 +1,8 @@
 """BC-RNN (robomimic's BC_RNN_GMM): the shared ObsEncoder at every step -> LSTM -> GMM head.
 
 Training unrolls the LSTM from a zero state over a window (``BCRNNConfig.rnn_steps`` steps);
-rollouts carry one LSTM state per environment slot through ``predict_action_chunk_for`` and the
-slot hooks of ``Policy`` (see policies/base.py). Glossary: To = n_obs_steps, T = horizon,
+rollouts (``select_action``) carry one LSTM state per environment as that environment's carry in
+``plan`` (see policies/base.py). Glossary: To = n_obs_steps, T = horizon,
 Ta = n_action_steps, Da = action_dim, S = LSTM steps, L = LSTM layers, H = LSTM units.
 """
 from __future__ import annotations
@@ -25,27 +25,20 @@ class BCRNNPolicy(Policy):
         c = config
         self.rnn = nn.LSTM(self.obs_encoder.output_dim, c.rnn_hidden_dim, c.rnn_num_layers, batch_first=True)
         # one mixture over each step's Ta actions (Ta=1: robomimic's per-step GMM)
-        self.head = GMMHead(c.rnn_hidden_dim, c.n_action_steps, c.action_dim, c.hidden_dims, c.num_modes, c.min_std,
-                            c.std_activation, c.tanh, over="chunk")
+        self.head = GMMHead(c.rnn_hidden_dim, c.n_action_steps, c.action_dim, c.hidden_dims, c.gmm.num_modes,
+                            c.gmm.min_std, c.gmm.std_activation, c.tanh, over="chunk")
 
-    # --- recurrent state, one per environment slot ---------------------------------------
-    def reset(self) -> None:
-        super().reset()
-        self._states: dict = {}  # slot -> (h (L, H), c (L, H), LSTM steps taken since its episode start)
-
-    def reset_slots(self, slots) -> None:
-        for slot in slots:
-            self._states.pop(slot, None)
-
-    def _initial_state(self, slots, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """The slots' carried states as (L, B, H) tensors, zeros for a slot that starts (or restarts
-        every ``reset_every`` steps, as robomimic's rollouts do)."""
+    # --- recurrent state, one carry per environment ---------------------------------------
+    def _initial_state(self, carries: list, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The environments' carried states as (L, B, H) tensors, zeros for one that starts (or restarts
+        every ``reset_every`` steps, as robomimic's rollouts do). A carry: (h (L, H), c (L, H), LSTM
+        steps taken since its episode start)."""
         c = self.config
         zeros = like.new_zeros(c.rnn_num_layers, c.rnn_hidden_dim)
         every = c.state_reset_every
         hs, cs, counts = [], [], []
-        for slot in slots:
-            h, cell, count = self._states.get(slot, (zeros, zeros, 0))
+        for carry in carries:
+            h, cell, count = carry if carry is not None else (zeros, zeros, 0)
             if every and count % every == 0:
                 h, cell = zeros, zeros
             hs.append(h)
@@ -73,7 +66,7 @@ class BCRNNPolicy(Policy):
 
     def _actions(self, features: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """LSTM outputs (B, H) -> unnormalized actions (B, Ta, Da)."""
-        x = self.head.sample(features, low_noise=self.config.low_noise_eval, generator=generator)
+        x = self.head.sample(features, low_noise=self.config.gmm.low_noise_eval, generator=generator)
         return self.normalizer.unnormalize("action", x)
 
     # --- the interface -------------------------------------------------------------------
@@ -105,16 +98,12 @@ class BCRNNPolicy(Policy):
         return self._actions(out[:, -1], generator)
 
     @torch.no_grad()
-    def predict_action_chunk_for(self, obs, slots, generator: torch.Generator | None = None):
-        """One LSTM step per slot on its latest To frames, from the state that slot carries ->
-        the next Ta actions (B, Ta, Da); the new states are kept for the slots' next call."""
-        slots = list(slots)
+    def plan(self, obs, carries):
+        """One LSTM step per environment on its latest To frames, from the state it carries ->
+        (the next Ta actions (B, Ta, Da), the new states)."""
         frames = next(iter(obs.values())).shape[1]
-        if len(slots) != next(iter(obs.values())).shape[0] or len(set(slots)) != len(slots):
-            raise ValueError(f"predict_action_chunk_for needs one distinct slot per batch row, got {slots}")
         feats = self._step_features(obs, [frames - self.config.n_obs_steps])  # (B, 1, F)
-        h0, c0, counts = self._initial_state(slots, feats)
+        h0, c0, counts = self._initial_state(carries, feats)
         out, (h1, c1) = self.rnn(feats, (h0, c0))
-        for j, slot in enumerate(slots):
-            self._states[slot] = (h1[:, j], c1[:, j], counts[j] + 1)
-        return self._actions(out[:, -1], generator)
+        carries = [(h1[:, j], c1[:, j], counts[j] + 1) for j in range(len(counts))]
+        return self._actions(out[:, -1], None), carries

@@ -56,6 +56,9 @@ class AttentionConfig:
     undirected_slope: float = 0.5
     undirected_slope_ratio: float = 0.25
     rotate_directions: bool = False  # each layer's directed heads continue where the last layer's stopped
+    # s_layer falls linearly from the first layer's slope to the last's (the paper's 1.5 -> 0.5)
+    first_layer_slope: float = 1.5
+    last_layer_slope: float = 0.5
     # BigBird
     band: int = 3
     random_per_row: int = 3
@@ -106,6 +109,8 @@ class AttentionConfig:
                 undirected_slope=self.undirected_slope,
                 undirected_slope_ratio=self.undirected_slope_ratio,
                 rotate_directions=self.rotate_directions,
+                first_layer_slope=self.first_layer_slope,
+                last_layer_slope=self.last_layer_slope,
             )
         if self.kind == "bigbird":
             return dict(band=self.band, random_per_row=self.random_per_row)

@@ -8,19 +8,20 @@ Masks are additive: a 0 logit still receives softmax weight, which is the bug in
 Fibottention code that multiplies logits by a 0/1 mask (``attention.mask_mode=multiplicative``
 reproduces it as an ablation, in ``attention.py``).
 
-Run ``python -m policies.vision.masks KIND --grid 14x14 --heads 12 --json`` to inspect one.
+Run ``python -m policies.vision.masks KIND --grid 14x14 --heads 12 --json`` to inspect one (``cli.py``).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from dataclasses import KW_ONLY, dataclass
 
 import torch
 
 PHI = (1.0 + math.sqrt(5.0)) / 2.0
+# Per-layer seeds of the fixed random choices (prime strides, so layers never share a stream): the
+# same in training and at evaluation, and part of what a checkpoint's masks are
+FIB_SHUFFLE_SEED_STRIDE = 10_007  # Fibottention's head-to-row shuffle of layer l: seed stride * (l + 1)
+BIGBIRD_RANDOM_SEED_STRIDE = 7919  # BigBird's random keys of layer l: seed stride * (l + 1)
 
 # ------------------------------------------------------------------------------------------
 # Fibottention (Rahimian et al., 2024)
@@ -101,7 +102,7 @@ def fibottention_head_offsets(
 
 def layer_permutation(num_heads: int, layer: int) -> list[int]:
     """Deterministic per-layer assignment of Wythoff rows to heads (same in train and eval)."""
-    gen = torch.Generator().manual_seed(10_007 * (layer + 1))
+    gen = torch.Generator().manual_seed(FIB_SHUFFLE_SEED_STRIDE * (layer + 1))
     return torch.randperm(num_heads, generator=gen).tolist()
 
 
@@ -177,7 +178,7 @@ def lookhere_head_plan(
     return plan
 
 
-def lookhere_layer_slope(layer: int, depth: int, first: float = 1.5, last: float = 0.5) -> float:
+def lookhere_layer_slope(layer: int, depth: int, first: float, last: float) -> float:
     """s_layer falls linearly from ``first`` (layer 0) to ``last`` (layer depth-1)."""
     if depth <= 1:
         return first
@@ -298,6 +299,8 @@ class LookHerePattern:
     undirected_slope: float
     undirected_slope_ratio: float
     rotate_directions: bool
+    first_layer_slope: float
+    last_layer_slope: float
     layer: int = 0
     depth: int = 1
     kind: str = "lookhere"
@@ -316,7 +319,7 @@ class LookHerePattern:
 
     def head_slopes(self) -> list[float]:
         """Total slope s_global * s_layer * s_head per head."""
-        s_layer = lookhere_layer_slope(self.layer, self.depth)
+        s_layer = lookhere_layer_slope(self.layer, self.depth, self.first_layer_slope, self.last_layer_slope)
         return [self.global_slope * s_layer * s for _, s in self.plan()]
 
     def bias_at(self, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
@@ -359,7 +362,7 @@ class BigBirdPattern:
         idx = torch.arange(p, device=device)
         allowed = (idx[None, :] - idx[:, None]).abs() <= self.band  # (P, P)
         allowed = allowed.expand(self.num_heads, p, p).clone()
-        gen = torch.Generator().manual_seed(7919 * (self.layer + 1))
+        gen = torch.Generator().manual_seed(BIGBIRD_RANDOM_SEED_STRIDE * (self.layer + 1))
         rand = torch.randint(0, p, (self.num_heads, p, self.random_per_row), generator=gen).to(device)
         allowed.scatter_(-1, rand, True)
         patch = torch.zeros(self.num_heads, p, p, device=device).masked_fill_(~allowed, -math.inf)
@@ -380,137 +383,3 @@ def make_pattern(kind: str, num_heads: int, layer: int = 0, depth: int = 1, **op
     if kind == "bigbird":
         return BigBirdPattern(num_heads, layer=layer, **options)
     raise ValueError(f"unknown attention kind {kind!r}; known kinds: {', '.join(KINDS)}")
-
-
-# ------------------------------------------------------------------------------------------
-# CLI: python -m policies.vision.masks KIND --grid HxW --heads H
-# ------------------------------------------------------------------------------------------
-
-CLI_KINDS = ("full", "fibottention", "lookhere-180", "lookhere-90", "lookhere-45", "bigbird")
-
-
-def pattern_from_cli_kind(kind: str, heads: int, layer: int, depth: int, modified: bool, windows: str | None = None):
-    """The pattern of one CLI kind, with ``AttentionConfig``'s defaults for every other setting."""
-    # Not imported at the top: attention.py imports this module. Under ``python -m`` this module
-    # is ``__main__``, a second copy of masks.py, so the pattern is built here (make_pattern),
-    # with classes that summarize()'s isinstance checks know.
-    from policies.vision.attention import AttentionConfig
-
-    if kind.startswith("lookhere-"):
-        config = AttentionConfig(kind="lookhere", variant=kind.split("-", 1)[1])
-    elif kind == "fibottention":
-        config = AttentionConfig(kind="fibottention", modified=modified, **({"windows": windows} if windows else {}))
-    elif kind in ("full", "bigbird"):
-        config = AttentionConfig(kind=kind)
-    else:
-        raise ValueError(f"unknown kind {kind!r}; known: {', '.join(CLI_KINDS)}")
-    return make_pattern(config.kind, heads, layer, depth, **config.pattern_options())
-
-
-def summarize(pattern, grid: tuple[int, int]) -> dict:
-    """Visible fraction per head over the patch-to-patch block (prefix excluded)."""
-    bias = pattern.dense_bias(grid, 0)
-    p = grid[0] * grid[1]
-    heads = []
-    for h in range(pattern.num_heads):
-        frac = 1.0 if bias is None else float(torch.isfinite(bias[h]).sum()) / (p * p)
-        entry = {"visible_fraction": frac}
-        if isinstance(pattern, FibottentionPattern):
-            entry["offsets"] = pattern.offsets(grid)[h]
-        if isinstance(pattern, LookHerePattern):
-            direction, _ = pattern.plan()[h]
-            entry["direction"] = direction or "undirected"
-            entry["slope"] = pattern.head_slopes()[h]
-        heads.append(entry)
-    return {
-        "kind": pattern.kind if not isinstance(pattern, LookHerePattern) else f"lookhere-{pattern.variant}",
-        "grid": list(grid),
-        "heads": heads,
-        "visible_fraction": sum(h["visible_fraction"] for h in heads) / len(heads),
-    }
-
-
-def draw_png(pattern, grid: tuple[int, int], path: str) -> None:
-    """Each head's view from the centre query (top row) and its whole P x P mask (bottom row)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    gh, gw = grid
-    p = gh * gw
-    bias = pattern.dense_bias(grid, 0)
-    if bias is None:
-        bias = torch.zeros(pattern.num_heads, p, p)
-    centre = (gh // 2) * gw + gw // 2
-    fig, axes = plt.subplots(2, pattern.num_heads, figsize=(1.8 * pattern.num_heads, 3.8), squeeze=False)
-    for h in range(pattern.num_heads):
-        row = bias[h, centre].reshape(gh, gw)
-        # masked keys black, visible keys brighter where the distance penalty is smaller,
-        # the query itself marked red
-        view = torch.where(torch.isfinite(row), 0.3 + 0.7 * torch.exp(row.clamp(min=-30)), torch.zeros_like(row))
-        rgb = view[..., None].repeat(1, 1, 3)
-        rgb[gh // 2, gw // 2] = torch.tensor([1.0, 0.1, 0.1])
-        axes[0, h].imshow(rgb.numpy())
-        axes[0, h].set_title(f"head {h}", fontsize=8)
-        axes[1, h].imshow(torch.isfinite(bias[h]).float(), cmap="gray", vmin=0, vmax=1)
-        for ax in axes[:, h]:
-            ax.set_xticks([])
-            ax.set_yticks([])
-    axes[0, 0].set_ylabel("centre query", fontsize=8)
-    axes[1, 0].set_ylabel("P x P mask", fontsize=8)
-    fig.suptitle(f"{summarize(pattern, grid)['kind']} on a {gh}x{gw} grid", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def parse_grid(text: str) -> tuple[int, int]:
-    try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--grid must look like 14x14, got {text!r}") from None
-    if h < 1 or w < 1:
-        raise argparse.ArgumentTypeError(f"--grid sides must be >= 1, got {text!r}")
-    return h, w
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m policies.vision.masks", description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=CLI_KINDS)
-    parser.add_argument("--grid", type=parse_grid, default=(14, 14), help="patch grid HxW (default 14x14)")
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--layer", type=int, default=0, help="0-based layer index (Fibottention shuffle, LookHere slope)")
-    parser.add_argument("--depth", type=int, default=12, help="number of layers (LookHere layer slope)")
-    parser.add_argument("--modified", action="store_true", help="modified Fibottention (more local interactions)")
-    parser.add_argument("--windows", choices=FIB_WINDOWS, help="Fibottention windows: paper (default) or robot "
-                        "(the authors' robot-learning code: window N for every head)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--png", help="draw each head's pattern to this PNG file")
-    args = parser.parse_args(argv)
-    if args.heads < 1:
-        parser.error("--heads must be >= 1")
-    if not 0 <= args.layer < args.depth:
-        parser.error(f"--layer must be in [0, --depth), got {args.layer} with depth {args.depth}")
-    pattern = pattern_from_cli_kind(args.kind, args.heads, args.layer, args.depth, args.modified, args.windows)
-    summary = summarize(pattern, args.grid)
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(f"{summary['kind']}  grid {args.grid[0]}x{args.grid[1]}  heads {args.heads}  layer {args.layer}")
-        for h, entry in enumerate(summary["heads"]):
-            extra = ""
-            if "offsets" in entry:
-                extra = f"  offsets {entry['offsets']}"
-            if "direction" in entry:
-                extra = f"  {entry['direction']:<11} slope {entry['slope']:.4g}"
-            print(f"  head {h:2d}: visible {100 * entry['visible_fraction']:6.2f}%{extra}")
-        print(f"  mean visible fraction: {100 * summary['visible_fraction']:.2f}%")
-    if args.png:
-        draw_png(pattern, args.grid, args.png)
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
