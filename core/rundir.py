@@ -152,18 +152,18 @@ def interrupted_message(run_dir) -> str:
     return f"interrupted before the first checkpoint; {path} holds only config.json and tb/ (overwrite=true starts over)"
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and v:
-            out.update(_flatten(v, key + "."))
+            out.update(flatten(v, key + "."))
         else:
             out[key] = v
     return out
 
 
-def _field_default(cfg, key: str):
+def field_default(cfg, key: str):
     """The dataclass default of the dotted ``key`` of the config object ``cfg`` (a sentinel if it has none)."""
     *path, name = key.split(".")
     obj = cfg
@@ -175,10 +175,10 @@ def _field_default(cfg, key: str):
                 return f.default
             if f.default_factory is not dataclasses.MISSING:
                 return f.default_factory()
-    return _NO_DEFAULT
+    return NO_DEFAULT
 
 
-_NO_DEFAULT = object()
+NO_DEFAULT = object()
 
 
 def check_resume_config(saved: dict, current: dict, checkpoint: Path, schema=None) -> None:
@@ -192,10 +192,10 @@ def check_resume_config(saved: dict, current: dict, checkpoint: Path, schema=Non
 
     def same(key: str) -> bool:
         if key not in old and key in new and schema is not None:
-            return new[key] == _field_default(schema, key)
+            return new[key] == field_default(schema, key)
         return old.get(key) == new.get(key)
 
-    old, new = _flatten(saved), _flatten(current)
+    old, new = flatten(saved), flatten(current)
     changed = sorted(k for k in set(old) | set(new) if not resumable(k) and not same(k))
     if changed:
         shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:6])

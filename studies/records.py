@@ -16,7 +16,9 @@ from pathlib import Path
 from envs.factory import EVAL_SEED_START
 
 # besides core.rundir.RESUMABLE (settings that do not change what a run learns): the seed, and copies of other settings
-NOT_EXTRA = ("seed", "policy.vit.attention.", "policy.input_shapes.", "policy.action_dim", "policy.crop_size", "policy.name")
+# and how the file is read (told from the path since the LeRobot reader; older runs name it)
+NOT_EXTRA = ("seed", "policy.vit.attention.", "policy.input_shapes.", "policy.action_dim", "policy.crop_size", "policy.name",
+             "task.dataset.format")
 
 
 @dataclass(frozen=True)
@@ -65,27 +67,26 @@ def replace_file(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def _value(v) -> str:
     return {True: "true", False: "false", None: "null"}.get(v, v) if isinstance(v, (bool, type(None))) else \
         json.dumps(v, separators=(",", ":")) if isinstance(v, list) else str(v)
 
 
 def extra_overrides(cfg: dict, recipe: str) -> str:
-    """The overrides that turn ``train_policy.py task=T policy=P attention=A recipe=R`` into this run's config."""
+    """The overrides that turn ``train_policy.py task=T policy=P attention=A recipe=R`` into this run's config,
+    compared in today's layout. A setting the run predates (a dataclass field, or an entry of a dict the
+    run has not got) is not one of its overrides: it trained with what the code then did."""
     from core.config import compose, to_dict
-    from core.rundir import RESUMABLE
+    from core.rundir import NO_DEFAULT, RESUMABLE, field_default, flatten
+    from policies.base import get_policy_class
 
-    base = _flat(to_dict(compose("config", [f"task={cfg['task']['name']}", f"policy={cfg['policy']['name']}",
-                                            f"attention={cfg['attention']['kind']}", f"recipe={recipe}"])))
-    run = _flat(cfg)
-    keep = [k for k in [*run, *(k for k in base if k not in run)] if not k.startswith((*RESUMABLE, *NOT_EXTRA))]
+    schema = compose("config", [f"task={cfg['task']['name']}", f"policy={cfg['policy']['name']}",
+                                f"attention={cfg['attention']['kind']}", f"recipe={recipe}"])
+    base = flatten(to_dict(schema))
+    run = flatten({**cfg, "policy": get_policy_class(cfg["policy"]["name"]).config_class.upgrade(cfg["policy"])})
+    removed = [k for k in base if k not in run and field_default(schema, k) is NO_DEFAULT
+               and any(r.startswith(k.rsplit(".", 1)[0] + ".") for r in run)]  # an entry the user dropped from a dict
+    keep = [k for k in [*run, *removed] if not k.startswith((*RESUMABLE, *NOT_EXTRA))]
     out = [f"~{k}" if k not in run else f"+{k}={_value(run[k])}" if k not in base else f"{k}={_value(run[k])}"
            for k in keep if run.get(k, ...) != base.get(k, ...)]
     return " ".join(out)

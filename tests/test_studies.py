@@ -137,6 +137,20 @@ def test_a_study_cell_trains_exactly_what_the_recipe_command_trains(task, policy
         assert extra_overrides(changed, "cpu") == "attention.windows=robot"
 
 
+def test_an_older_runs_config_records_only_what_it_overrode():
+    """A run trained before settings were added or moved (GMM fields flat in the policy, no image_aug,
+    the dataset format named) records its real overrides only; a camera it dropped is still one."""
+    from core.config import compose, to_dict
+    from studies.records import extra_overrides
+
+    old = to_dict(compose("config", ["task=lift", "policy=bc", "attention=full", "recipe=cpu", "policy.gmm.num_modes=3",
+                                     "policy.image_aug.contrast=0.5", "~task.input_shapes.agentview_image"]))
+    old["policy"].update(old["policy"].pop("gmm"))  # the flat layout of older checkpoints
+    del old["policy"]["image_aug"]["brightness"], old["policy"]["drop_crop_remainder"]
+    old["task"]["dataset"]["format"] = "robomimic_hdf5"
+    assert extra_overrides(old, "cpu") == "policy.image_aug.contrast=0.5 policy.gmm.num_modes=3 ~task.input_shapes.agentview_image"
+
+
 @pytest.mark.parametrize("kind", CORRUPTIONS)
 def test_corruption_severity_zero_is_identity_and_higher_changes_more(kind):
     img = np.random.default_rng(0).integers(0, 256, (20, 24, 3)).astype(np.uint8)
