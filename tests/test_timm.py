@@ -206,3 +206,13 @@ def test_timm_kwargs_override_the_encoders_own_arguments():
     enc = _build(dict(timm_kwargs={**TINY, "dynamic_img_size": False, "reg_tokens": 2}, pool="cls"))
     assert enc.num_prefix == 3 and not enc.model.dynamic_img_size
     assert enc(torch.rand(2, 3, CROP, CROP)).shape == (2, 64)
+
+
+def test_the_authors_encoder_preset_names_timm_vit_b_with_8px_patches_and_a_mean_read_out():
+    from core.config import compose
+
+    cfg = compose("config", ["task=pusht", "policy=diffusion", "attention=fibottention", "recipe=paper",
+                             "+recipe/preset@_global_=authors_vit"])
+    vit = cfg.policy.vit
+    assert (vit.backbone, vit.patch_size, vit.pool, vit.pretrained) == ("timm:vit_base_patch16_224", 8, "mean", None)
+    assert cfg.train.lr == 1e-4  # still the paper's protocol
