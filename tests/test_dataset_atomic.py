@@ -204,7 +204,7 @@ def test_generate_sigkilled_at_random_moments_never_leaves_a_partial_dataset(tmp
     out = data_dir / "demos.zarr"
     cmd = [sys.executable, "-m", "datasets.generate", "task=pusht", "num_episodes=2", f"out={out}",
            "overwrite=true", "workers=1"]
-    env = dict(os.environ, MUJOCO_GL="egl")
+    env = dict(os.environ, MUJOCO_GL="egl", PYTHONPATH=str(REPO))  # the package runs from its root, not site-packages
     rng = random.Random(0)
 
     def writing(inside: str) -> bool:
