@@ -12,6 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from core.cli import INTERRUPTED_EXIT
 from studies.catalog import STUDIES
 from studies.study import BUDGETS
 
@@ -68,6 +69,10 @@ def main(argv=None) -> list[str]:
     except (ValueError, FileNotFoundError) as exc:
         print(f"python -m studies: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # each command's own line is in its log; finished work is on disk and recorded
+        print("python -m studies: interrupted; what finished is kept and recorded, an interrupted training resumes "
+              "from its checkpoint: rerun the same command to continue", file=sys.stderr)
+        raise SystemExit(INTERRUPTED_EXIT) from None
     if failed:
         print("\n".join(f"failed: {line}" for line in failed), file=sys.stderr)
         raise SystemExit(f"{len(failed)} failed; the rest finished and is recorded. Rerun the same command to retry them.")

@@ -227,3 +227,17 @@ def test_the_encoder_analyses_end_a_bad_checkpoint_or_corruption_in_one_line(mod
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--corruption", "bright"])
     assert "corruption='bright': give KIND:SEVERITY" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_a_study_is_one_line_and_keeps_what_finished(monkeypatch, capsys):
+    import studies.study
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # what joblib / submitit raise in the parent on Ctrl-C
+
+    monkeypatch.setattr(studies.study, "run", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        studies_main(["run", "main", "--budget", "tiny"])
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err.strip() == ("python -m studies: interrupted; what finished is kept and recorded, an "
+                                               "interrupted training resumes from its checkpoint: rerun the same command to continue")
