@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from core.config import compose
-from policies.base import make_policy
+from policies.registry import make_policy
 
 
 def build(task: str, policy: str, attention: str, overrides: list[str] = (), recipe: str = "none"):

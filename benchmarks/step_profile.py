@@ -47,7 +47,7 @@ from torch.autograd.profiler import record_function
 
 from benchmarks.policy_speed import cpu_model, fake_batch
 from core.config import compose
-from policies.base import make_policy
+from policies.registry import make_policy
 from policies.vision.attention import Attention
 from policies.vision.vit import Block, ViT
 

@@ -238,14 +238,13 @@ def register_configs() -> None:
     """Put the schemas and the policy / attention options into Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
-    from policies.base import POLICIES, load_builtin_policies
+    from policies.registry import POLICIES
     from policies.vision.attention import KINDS, AttentionConfig
 
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainRunConfig)
     cs.store(name="rollout_schema", node=RolloutConfig)
     cs.store(name="generate_schema", node=GenerateConfig)
-    load_builtin_policies()
     for name, cls in POLICIES.items():
         node = OmegaConf.structured(cls.config_class)
         for key, value in _FROM_TASK.items():

@@ -18,7 +18,7 @@ import torch
 
 from envs.corruptions import corruption_tag, obs_corruptor, parse_corruptions
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
-from policies.base import get_policy_class
+from policies.registry import get_policy_class
 from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
 
 from .config import InferenceOverrides, RolloutConfig, TaskConfig, from_dict

@@ -23,7 +23,8 @@ import torch
 from datasets.factory import make_dataset
 from datasets.fingerprint import FINGERPRINT_KEY, check_resume_data
 from datasets.sampler import SequenceDataset, StepBatchSampler, compute_stats, split_episodes
-from policies.base import Policy, make_policy
+from policies.base import Policy
+from policies.registry import make_policy
 from policies.checkpoint import (
     load_training_state,
     newest_checkpoint,

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .base import Policy, get_policy_class, make_policy
+from .base import Policy
+from .registry import get_policy_class, make_policy
 
 
 # --- nested python state <-> (flat tensors, JSON skeleton) -------------------------------------

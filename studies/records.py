@@ -78,7 +78,7 @@ def extra_overrides(cfg: dict, recipe: str) -> str:
     run has not got) is not one of its overrides: it trained with what the code then did."""
     from core.config import compose, to_dict
     from core.rundir import NO_DEFAULT, RESUMABLE, field_default, flatten
-    from policies.base import get_policy_class
+    from policies.registry import get_policy_class
 
     schema = compose("config", [f"task={cfg['task']['name']}", f"policy={cfg['policy']['name']}",
                                 f"attention={cfg['attention']['kind']}", f"recipe={recipe}"])

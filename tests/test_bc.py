@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from policies.base import get_policy_class, make_policy, make_policy_config
+from policies.registry import get_policy_class, make_policy, make_policy_config
 from policies.bc.heads import GMMHead
 from policies.checkpoint import load_policy, save_checkpoint
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from policies.base import make_policy, make_policy_config
+from policies.registry import make_policy, make_policy_config
 from policies.checkpoint import load_policy, save_checkpoint
 
 from tests.helpers import ACT_MAX, ACT_MIN, TINY_ENCODER

@@ -6,10 +6,9 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from core.config import CONFIG_DIR, compose
-from policies.base import POLICIES, load_builtin_policies, make_policy
+from policies.registry import POLICIES, make_policy
 from policies.vision.attention import KINDS
 
-load_builtin_policies()
 TASKS = sorted(p.stem for p in (CONFIG_DIR / "task").glob("*.yaml"))
 RECIPES = sorted(p.stem for p in (CONFIG_DIR / "recipe").glob("*.yaml"))
 

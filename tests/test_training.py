@@ -8,12 +8,11 @@ from safetensors.torch import load_file
 from datasets.factory import make_dataset
 from datasets.sampler import SequenceDataset, compute_stats
 from core.training import train
-from policies.base import POLICIES, load_builtin_policies, make_policy
+from policies.registry import POLICIES, make_policy
 from policies.checkpoint import load_policy, load_training_state, read_checkpoint_meta
 from policies.vision.attention import KINDS
 from tests.helpers import tiny_train_cfg
 
-load_builtin_policies()
 POLICY_NAMES = sorted(POLICIES)
 
 

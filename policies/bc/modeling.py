@@ -4,12 +4,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..base import Policy, register_policy
+from ..base import Policy
 from .configuration import BCConfig
 from .heads import GMMHead, MLPHead
 
 
-@register_policy
 class BCPolicy(Policy):
     name = BCConfig.name
     config_class = BCConfig

@@ -10,12 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..base import Policy, register_policy
+from ..base import Policy
 from ..bc.heads import GMMHead
 from .configuration import BCRNNConfig
 
 
-@register_policy
 class BCRNNPolicy(Policy):
     name = BCRNNConfig.name
     config_class = BCRNNConfig

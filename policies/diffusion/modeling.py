@@ -5,12 +5,11 @@ import torch
 import torch.nn.functional as F
 from diffusers import DDIMScheduler, DDPMScheduler
 
-from ..base import Policy, register_policy
+from ..base import Policy
 from .configuration import DiffusionConfig
 from .unet1d import ConditionalUnet1D
 
 
-@register_policy
 class DiffusionPolicy(Policy):
     name = DiffusionConfig.name
     config_class = DiffusionConfig
