@@ -90,11 +90,11 @@ def test_no_dataset_module_shadows_the_standard_library():
     assert "describe" in names
 
 
-def test_reader_runs_as_a_script_and_describe_as_a_module(tmp_path):
+def test_the_reader_and_describe_run_as_modules(tmp_path):
     path = write_hdf5(tmp_path / "d.hdf5")
     env = dict(os.environ, MUJOCO_GL="egl")
-    # a script in datasets/ puts datasets/ first on the import path: datasets/inspect.py broke numpy's import
-    run = subprocess.run([sys.executable, "datasets/robomimic_hdf5.py", str(path)], cwd=REPO, env=env,
+    # from the repository root, as the package runs (it installs no modules): python -m, not a file path
+    run = subprocess.run([sys.executable, "-m", "datasets.robomimic_hdf5", str(path)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout)["episodes"] == 3
