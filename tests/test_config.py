@@ -127,3 +127,13 @@ def test_rollout_and_generate_parse_like_training():
         compose("rollout", ["checkpoint=x", "episodes=3"])
     with pytest.raises(ValueError, match="num_episodes must be >= 1"):
         compose("generate", ["task=pusht", "num_episodes=0"])
+
+
+def test_the_photometric_augmentation_preset_is_what_the_augmentation_rows_trained():
+    from studies.claims import AUGMENT
+
+    cfg = compose("config", ["task=lift", "policy=bc", "attention=fibottention", "recipe=cpu",
+                             "+recipe/preset@_global_=photometric_aug"])
+    plain = compose("config", ["task=lift", "policy=bc", "attention=fibottention", "recipe=cpu", *AUGMENT.split()])
+    assert cfg == plain and (cfg.policy.image_aug.brightness, cfg.policy.image_aug.contrast) == (0.3, 0.5)
+    assert compose("config", ["task=lift", "policy=bc", "attention=fibottention"]).policy.image_aug.brightness == 0.0
