@@ -22,7 +22,7 @@ from policies.registry import get_policy_class
 from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
 
 from .config import InferenceOverrides, RolloutConfig, TaskConfig, from_dict
-from .preflight import WrittenFiles, check_output_dir
+from .preflight import WrittenFiles, check_output_dir, replace_file
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -265,11 +265,8 @@ def _policy_overrides(meta: dict, inference: InferenceOverrides) -> tuple[dict, 
 
 
 def _write_summary(out_dir: Path, summary: dict) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out / "summary.json")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    replace_file(Path(out_dir) / "summary.json", json.dumps(summary, indent=2))
 
 
 def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,

@@ -12,6 +12,13 @@ from pathlib import Path
 SHOWN_ENTRIES = 5  # entries of a folder named in a refusal
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary name beside ``path`` and rename it over: whole at every moment."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def contents(path: Path) -> str:
     """What ``path`` holds, for a refusal: "a file (N bytes)", "an empty folder" or "a folder holding a, b, ..."."""
     p = Path(path)

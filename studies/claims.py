@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.evaluation import wilson_interval
-from studies.records import Record, load, replace_file
+from core.preflight import replace_file
+from studies.records import Record, load
 from studies.stats import Estimate, bootstrap_difference, bootstrap_rate, verdict
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -27,7 +27,6 @@ PER_IMAGE = "policy.vit.input_norm=per_image"
 AUGMENT = "policy.image_aug.brightness=0.3 policy.image_aug.contrast=0.5"  # torchvision ColorJitter per training image
 FIXES = {"per-image": (PER_IMAGE, "per-image input", ("full", "fibottention")),
          "augment": (AUGMENT, "photometric augmentation", ("full", "fibottention", "lookhere"))}
-COLLAPSE = 0.5  # a seed "collapses" under a corruption below this success rate (full attention keeps about 0.9)
 ROBOT, MULT = "attention.windows=robot", "attention.mask_mode=multiplicative"
 LABELS = {("full", ""): "full", ("fibottention", ""): "Fibottention", ("fibottention", ROBOT): "Fibottention (robot windows)",
           ("fibottention", MULT): "Fibottention (multiplicative mask)", ("lookhere", ""): "LookHere-90",
@@ -186,21 +185,6 @@ def fix_table(results: Path, task: str, policy: str, fix: str, encoders=("full",
     return out
 
 
-def collapse_share(results: Path, task: str, policy: str, condition: str = "brightness1") -> list[dict]:
-    """The seed lottery: per encoder (recipe, no fix), the seeds under ``COLLAPSE`` success, with a Wilson interval."""
-    rob, out = rows_of(load(results, "robustness")), []
-    for a in ("full", "fibottention"):
-        rates = [r.successes / r.episodes for r in sorted(best(rob, task, policy, a, "", condition) or [], key=lambda r: r.seed)]
-        if not rates:
-            continue
-        k = sum(rate < COLLAPSE for rate in rates)
-        lo, hi = wilson_interval(k, len(rates))
-        out.append({"encoder": LABELS[(a, "")], "condition": spaced(condition), "seeds": len(rates),
-                    "collapsed": f"{k}/{len(rates)} = {100 * k / len(rates):.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]",
-                    "per seed": "/".join(f"{100 * r:.0f}" for r in rates)})
-    return out
-
-
 def markdown(header: list[str], rows: list[list]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
 
@@ -243,13 +227,8 @@ def main(argv=None):
                 [f"encoder, {label}", "condition", "seeds", "success, mean [95% CI]", "− full attention (recipe)",
                  "− itself without it", f"− full attention with {label}"], [list(r.values()) for r in fixed[name]]),
                 f"<!-- {name}:begin -->", f"<!-- {name}:end -->", append=False)
-    if lottery := collapse_share(results, args.task, args.policy):
-        write(results / "claims.md", markdown(["encoder (recipe)", "condition", "seeds", f"seeds below {100 * COLLAPSE:.0f}% [95% CI]",
-                                               "per seed (%)"], [list(r.values()) for r in lottery]),
-              "<!-- lottery:begin -->", "<!-- lottery:end -->", append=False)
     replace_file(results / "claims.json", json.dumps({"task": args.task, "policy": args.policy, "rows": rows,
-                                                      "per_image": fixed["per-image"], "augment": fixed["augment"],
-                                                      "lottery": lottery}, indent=2) + "\n")
+                                                      "per_image": fixed["per-image"], "augment": fixed["augment"]}, indent=2) + "\n")
     print(text)
     return rows
 

@@ -18,12 +18,12 @@ import numpy as np
 import torch
 
 from core.config import TaskConfig, from_dict
+from core.preflight import replace_file
 from datasets.factory import make_dataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
 from policies.obs_encoder import crop_images
 from envs.corruptions import corrupt, parse_corruptions
 from studies.diversity import head_diversity
-from studies.records import replace_file
 
 
 def relative_change(a: torch.Tensor, b: torch.Tensor) -> float:

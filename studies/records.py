@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from core.preflight import replace_file
 from envs.factory import EVAL_SEED_START
 
 # besides core.rundir.RESUMABLE (settings that do not change what a run learns): the seed, and copies of other settings
@@ -58,13 +59,6 @@ def save(results: Path, study: str, new: list[Record]) -> int:
     replace_file(Path(results) / study / "records.jsonl",
                  "".join(json.dumps(asdict(merged[k])) + "\n" for k in sorted(merged, key=lambda k: tuple(map(str, k)))))
     return len(changed)
-
-
-def replace_file(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary name and rename it over ``path``: the file is whole at every moment."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _value(v) -> str:

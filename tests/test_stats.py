@@ -99,18 +99,6 @@ def test_the_per_image_table_compares_the_fix_with_both_baselines_and_its_own_en
     assert "<!-- augment:begin -->" not in md  # no augmentation records, no markers: nothing appended
 
 
-def test_the_lottery_counts_the_seeds_that_collapse_under_a_corruption(tmp_path):
-    from studies.claims import main
-
-    _records(tmp_path, "robustness", [("full", "", "brightness1", [(29, 30)] * 4),
-                                      ("fibottention", "", "brightness1", [(30, 30), (0, 30), (14, 30), (15, 30)])])
-    (tmp_path / "claims.md").write_text("# Claims\n<!-- lottery:begin -->\n<!-- lottery:end -->\n")
-    main(["--results", str(tmp_path)])
-    lottery = {r["encoder"]: r for r in json.loads((tmp_path / "claims.json").read_text())["lottery"]}
-    assert lottery["Fibottention"]["collapsed"] == "2/4 = 50% [15, 85]"  # 0 and 14 of 30 are below half; 15 is not
-    assert lottery["Fibottention"]["per seed"] == "100/0/47/50" and lottery["full"]["collapsed"].startswith("0/4 = 0% [0, ")
-
-
 def test_each_row_is_compared_with_full_attention_less_its_attention_settings():
     from studies.claims import baseline_row
 
