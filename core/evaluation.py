@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from envs.corruptions import corruption_tag, obs_corruptor, parse_corruptions
+from envs.corruptions import corruption_tag, obs_corruptor
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
 from policies.registry import get_policy_class
 from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
@@ -290,7 +290,7 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
     policy_overrides, attn_over = _policy_overrides(meta, inference)
     policy = load_policy(ckpt, device=device, **policy_overrides)
     task = from_dict(TaskConfig, meta["cfg"]["task"])
-    corruptions = parse_corruptions(inference.corruption)
+    corruptions = inference.corruption  # parsed by InferenceOverrides
     if corruptions:
         if obs_transform is not None:
             raise ValueError("give corruption= or obs_transform, not both")
@@ -333,7 +333,6 @@ def run(cfg: RolloutConfig) -> dict:
               file=sys.stderr)
     ckpt = resolve_checkpoint(cfg.checkpoint)
     inference = cfg.overrides()
-    inference.corruption = parse_corruptions(inference.corruption)
     options = {k: v for k, v in dataclasses.asdict(inference).items() if k != "corruption"}
     out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(ckpt, cfg.seed, {**options, "max_steps": cfg.max_steps,
                                                                                       "n": cfg.num_episodes,
