@@ -11,6 +11,9 @@ AUTHORS = ("attention=fibottention attention.windows=robot", "attention=fibotten
 CLEAN = "num_episodes={episodes} workers={workers}"
 SHIFTED = "num_episodes={shifted_episodes} workers={workers} max_steps=200"  # no success in 110 such episodes took 80 steps
 CORRUPTED = {"brightness1": f"{SHIFTED} corruption=brightness:1", "contrast2": f"{SHIFTED} corruption=contrast:2"}
+# Can and PushT: corrupted at the task's own horizon (their successes take longer than Lift's 200 steps)
+AT_HORIZON = {k: f"num_episodes={{shifted_episodes}} workers={{workers}} corruption={c}" for k, c in
+              (("brightness1", "brightness:1"), ("contrast2", "contrast:2"))}
 LARGER = {f"{n}px": f"{SHIFTED} image_size={n}" for n in (112, 128)}
 
 STUDIES = {s.name: s for s in [
@@ -18,6 +21,9 @@ STUDIES = {s.name: s for s in [
     Study("data_efficiency", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN},
           variants=tuple(f"train.steps=2000 train.max_episodes={n}" for n in (10, 25, 50))),
     Study("robustness", ("lift",), ("bc",), ENCODERS + AUTHORS, {"clean": CLEAN, **CORRUPTED}),
+    # the papers' other two tasks, each with the policy of its measured CPU recipe (README "Recipes")
+    Study("can", ("can",), ("bc",), ENCODERS, {"clean": CLEAN, **AT_HORIZON}),
+    Study("pusht", ("pusht",), ("diffusion",), ENCODERS, {"clean": CLEAN, **AT_HORIZON}),
     Study("resolution", ("lift",), ("bc",), ENCODERS,
           {"clean": CLEAN, **LARGER, **{f"{k}_slope": f"{v} global_slope={84 / int(k[:-2])}" for k, v in LARGER.items()}},
           only={"112px_slope": "attention=lookhere", "128px_slope": "attention=lookhere"}),
