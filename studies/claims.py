@@ -32,6 +32,10 @@ LABELS = {("full", ""): "full", ("fibottention", ""): "Fibottention", ("fibotten
           ("fibottention", MULT): "Fibottention (multiplicative mask)", ("lookhere", ""): "LookHere-90",
           ("lookhere", "attention.variant=45"): "LookHere-45", ("bigbird", ""): "BigBird"}
 ARMS = {"fib": [("fibottention", ""), ("fibottention", ROBOT)], "lookhere": [("lookhere", "")], "bigbird": [("bigbird", "")]}
+# the papers' other two tasks: (study, task, policy) of their measured CPU recipes (studies/catalog.py)
+OTHER_TASKS = (("can", "can", "bc"), ("pusht", "pusht", "diffusion"))
+TASKS = ("lift", "can", "pusht")
+COLLAPSE = 0.5  # a seed "collapses" under a corruption below this success rate (full attention keeps about 0.9)
 
 
 def outcomes(recs: list[Record]) -> list[np.ndarray]:
@@ -146,10 +150,48 @@ def claims(results: Path, task: str, policy: str) -> list[dict]:
                 f"lookhere{' (s_g scaled)' * (len(c) > 1)} − full", compare(row, base))
     if not any(r["claim"].startswith("Extrapolates") for r in out):
         add("Extrapolates to larger images (LookHere)", f"{task} {policy}, rendered larger than in training, LookHere − full", None)
+    for study, t, p in OTHER_TASKS:  # clean and corrupted rows from the task's own study, three seeds each
+        rows = rows_of(load(results, study))
+        for (a, e), c in ((arm, c) for arm in ARMS["fib"][:1] + ARMS["lookhere"] for c in ("clean", "brightness1", "contrast2")):
+            row, base = best(rows, t, p, a, e, c), best(rows, t, p, "full", "", c)
+            add("Better task success" if c == "clean" else "More robust to corruptions", f"{t} {p}, {spaced(c)}, "
+                f"{_label(a, e)} − full", compare(row, base) if row and base else None, a)
     out += diversity(results, task, policy)
     sparse, dense = best(main, task, policy, "fibottention", "", "clean", steps), best(main, task, policy, "fibottention", MULT, "clean", steps)
     add("The gain needs the sparsity (Fibottention)", f"{task} {policy}, clean, Fibottention − the same with the public "
         "code's multiplicative mask †", compare(sparse, dense) if sparse and dense else None)
+    order = list(dict.fromkeys(r["claim"] for r in out))
+    return sorted(out, key=lambda r: order.index(r["claim"]))  # each claim's rows together, tasks in turn
+
+
+def task_counts(rows: list[dict]) -> list[list[str]]:
+    """Per claim, each task's verdict over its rows of 3+ seeds (the authors' settings † and BigBird aside)."""
+    out = []
+    for claim in dict.fromkeys(r["claim"] for r in rows if "BigBird" not in r["claim"]):
+        verdicts = []
+        for t in TASKS:
+            mine = [r for r in rows if r["claim"] == claim and r["measurement"].startswith(f"{t} ") and "† − full" not in r["measurement"]
+                    and r["verdict"] != "—"]
+            found = [r["verdict"] for r in mine if "fewer than" not in r["verdict"]]
+            kind = ("mixed" if "contradicted" in found else "supported") if "supported" in found else \
+                "contradicted" if "contradicted" in found else "not resolved" if mine else "not measured"
+            verdicts.append(kind + (f" ({sum(v.startswith(kind) for v in found)} of {len(mine)} rows)" if mine else ""))
+        count = {k: sum(v.startswith(k) for v in verdicts) for k in ("supported", "contradicted", "not resolved", "not measured", "mixed")}
+        out.append([claim, *verdicts, ", ".join(f"{k} on {n}" for k, n in count.items() if n) + f" of {len(TASKS)} tasks"])
+    return out
+
+
+def lottery(results: Path, task: str, policy: str) -> list[list]:
+    """How many training seeds of each encoder collapse under each corruption (the papers' setting), Wilson interval."""
+    from scipy.stats import binomtest
+
+    rob, out = rows_of(load(results, "robustness")), []
+    for a, c in ((a, c) for a in ("full", "fibottention", "lookhere", "bigbird") for c in ("brightness1", "contrast2")):
+        if recs := sorted(best(rob, task, policy, a, "", c) or [], key=lambda r: r.seed):
+            k = sum(r.successes / r.episodes < COLLAPSE for r in recs)
+            ci = binomtest(k, len(recs)).proportion_ci(method="wilson")
+            out.append([LABELS[(a, "")], spaced(c), f"{k} of {len(recs)}", f"[{100 * ci.low:.0f}, {100 * ci.high:.0f}]%",
+                        " ".join(f"s{r.seed} {100 * r.successes / r.episodes:.0f}" for r in recs)])
     return out
 
 
@@ -219,16 +261,18 @@ def main(argv=None):
                      "seeds", "verdict"], [[r["claim"], r["measurement"], r.get("rates", ""), r["effect"], r.get("seeds", ""),
                                             r["verdict"]] for r in rows])
     write(results / "claims.md", text)  # the † note on the authors' code follows the markers, by hand
-    fixed = {}
-    for name, (fix, label, encoders) in FIXES.items():
-        fixed[name] = fix_table(results, args.task, args.policy, fix, encoders)
-        if fixed[name]:
-            write(results / "claims.md", markdown(
-                [f"encoder, {label}", "condition", "seeds", "success, mean [95% CI]", "− full attention (recipe)",
-                 "− itself without it", f"− full attention with {label}"], [list(r.values()) for r in fixed[name]]),
-                f"<!-- {name}:begin -->", f"<!-- {name}:end -->", append=False)
-    replace_file(results / "claims.json", json.dumps({"task": args.task, "policy": args.policy, "rows": rows,
-                                                      "per_image": fixed["per-image"], "augment": fixed["augment"]}, indent=2) + "\n")
+    tables = {name: ([f"encoder, {label}", "condition", "seeds", "success, mean [95% CI]", "− full attention (recipe)",
+                      "− itself without it", f"− full attention with {label}"], fix_table(results, args.task, args.policy, fix, encoders))
+              for name, (fix, label, encoders) in FIXES.items()}
+    tables["tasks"] = (["claim (paper)", *TASKS, "on the three tasks"], task_counts(rows))
+    tables["lottery"] = (["encoder (papers' setting)", "condition", f"seeds under {COLLAPSE:.0%}", "95% Wilson interval",
+                          "per-seed success"], lottery(results, args.task, args.policy))
+    for name, (header, body) in tables.items():  # each between its markers, where the prose of claims.md places it
+        if body:
+            write(results / "claims.md", markdown(header, [list(r.values()) if isinstance(r, dict) else r for r in body]),
+                  f"<!-- {name}:begin -->", f"<!-- {name}:end -->", append=False)
+    replace_file(results / "claims.json", json.dumps({"task": args.task, "policy": args.policy, "rows": rows, **{
+        k.replace("-", "_"): body for k, (_, body) in tables.items()}}, indent=2) + "\n")
     print(text)
     return rows
 

@@ -122,3 +122,26 @@ def test_the_committed_tables_and_claims_are_what_the_committed_records_give(tmp
         main(["--results", str(tmp_path / "results")])
         for name in written:
             assert (tmp_path / "results" / name).read_text() == (results / name).read_text(), name
+
+
+def test_the_lottery_counts_collapsing_seeds_and_each_claim_counts_its_tasks(tmp_path):
+    from studies.claims import main
+    from studies.records import Record, save
+
+    _records(tmp_path, "main", [("full", "", "clean", [(50, 50)] * 3), ("fibottention", "", "clean", [(40, 50)] * 3)])
+    _records(tmp_path, "robustness", [("full", "", "brightness1", [(30, 30), (27, 30), (30, 30), (29, 30)]),
+                                      ("fibottention", "", "brightness1", [(18, 30), (0, 30), (0, 30), (30, 30)])])
+    save(tmp_path, "can", [Record("can", "bc", a, 15000, "", s, c, k, 50) for s in range(3) for a, c, k in
+                           [("full", "clean", 45), ("fibottention", "clean", 20), ("full", "brightness1", 45), ("fibottention", "brightness1", 44)]])
+    (tmp_path / "claims.md").write_text("<!-- tasks:begin -->\n<!-- tasks:end -->\n\n<!-- lottery:begin -->\n<!-- lottery:end -->\n")
+    main(["--results", str(tmp_path)])
+    data = json.loads((tmp_path / "claims.json").read_text())
+    lottery = {tuple(r[:2]): r[2:] for r in data["lottery"]}
+    # seeds below 50% success: 60/0/0/100% -> 2 of 4, Wilson interval [15, 85]%; none of full attention's, [0, 49]%
+    assert lottery[("Fibottention", "brightness 1")] == ["2 of 4", "[15, 85]%", "s0 60 s1 0 s2 0 s3 100"]
+    assert lottery[("full", "brightness 1")][:2] == ["0 of 4", "[0, 49]%"]
+    tasks = {r[0]: r[1:] for r in data["tasks"]}
+    assert tasks["Better task success (Fibottention)"] == ["contradicted (1 of 1 rows)", "contradicted (1 of 1 rows)", "not measured",
+                                                          "contradicted on 2, not measured on 1 of 3 tasks"]
+    assert tasks["More robust to corruptions (Fibottention)"][1:3] == ["not resolved (1 of 1 rows)", "not measured"]
+    assert "| Better task success (LookHere) | not measured | not measured | not measured |" in (tmp_path / "claims.md").read_text()
