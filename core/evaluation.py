@@ -26,7 +26,10 @@ from .config import InferenceOverrides, RolloutConfig, TaskConfig, from_dict
 from .preflight import WrittenFiles, check_output_dir, replace_file
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+Z_95 = 1.96  # the standard normal's two-sided 95% quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
     """95% Wilson score interval of a binomial proportion (sane at 0/n and n/n, unlike Wald)."""
     if n == 0:
         return (0.0, 1.0)
