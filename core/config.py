@@ -254,8 +254,6 @@ class GenerateConfig:
 
 
 # --- registration and composition ---------------------------------------------------------------
-
-
 def register_configs() -> None:
     """Put the schemas and the policy / attention options into Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
