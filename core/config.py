@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field, fields, is_dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -134,13 +135,19 @@ class EvalConfig(RolloutOptions):
         _at_least("eval", self, ("num_episodes", "every"), 0)
 
 
+# The policy's fields that are settings of the run owned elsewhere in the tree (the task's facts, the
+# attention group): the policy node refers to them (``${task.input_shapes}``...), so each is set once
+POLICY_REFERENCES = {"input_shapes": "task.input_shapes", "action_dim": "task.action_dim",
+                     "crop_size": "task.crop_size", "vit.attention": "attention"}
+
+
 @dataclass
 class TrainRunConfig:
     """``python train_policy.py``: one config group per axis (task, policy, attention, recipe)."""
 
     task: TaskConfig = MISSING
     policy: Any = MISSING  # the chosen policy's PolicyConfig subclass (policies registry)
-    attention: Any = MISSING  # AttentionConfig
+    attention: Any = MISSING  # AttentionConfig: the policy's encoder's (policy.vit.attention refers to it)
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     run_dir: str = "outputs/${task.name}/${policy.name}_${attention.kind}_s${seed}"
@@ -154,6 +161,22 @@ class TrainRunConfig:
             raise ValueError(f"device={self.device!r} is unknown; choose auto, cpu or cuda")
         if self.resume and self.overwrite:
             raise ValueError("resume=true and overwrite=true contradict each other; pass one of them")
+        for key, owner in POLICY_REFERENCES.items():
+            if attrgetter(key)(self.policy) != attrgetter(owner)(self):
+                raise ValueError(f"policy.{key} is the run's {owner}: set {owner}= instead of policy.{key}=")
+        self.policy.vit.attention = self.attention  # one object
+
+    def to_stored(self) -> dict:
+        """The run's config as its config.json stores it: each setting once, where it is owned (the
+        policy's references are left out; a checkpoint's own policy config holds them all)."""
+        stored = to_dict(self)
+        for key in POLICY_REFERENCES:
+            *path, name = key.split(".")
+            node = stored["policy"]
+            for part in path:
+                node = node[part]
+            del node[name]
+        return stored
 
 
 # --- rollout.py ---------------------------------------------------------------------------------
@@ -231,10 +254,6 @@ class GenerateConfig:
 
 
 # --- registration and composition ---------------------------------------------------------------
-# Fields of every PolicyConfig that come from the task and the attention group, not from the policy
-_FROM_TASK = {"input_shapes": "${task.input_shapes}", "action_dim": "${task.action_dim}", "crop_size": "${task.crop_size}"}
-
-
 def register_configs() -> None:
     """Put the schemas and the policy / attention options into Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
@@ -248,9 +267,8 @@ def register_configs() -> None:
     cs.store(name="generate_schema", node=GenerateConfig)
     for name, cls in POLICIES.items():
         node = OmegaConf.structured(cls.config_class)
-        for key, value in _FROM_TASK.items():
-            node[key] = value
-        node.vit.attention = "${attention}"  # the attention group is the encoder's attention
+        for key, owner in POLICY_REFERENCES.items():
+            OmegaConf.update(node, key, f"${{{owner}}}")
         cs.store(group="policy", name=name, node=node)
     for kind in KINDS:
         cs.store(group="attention", name=kind, node=OmegaConf.structured(AttentionConfig(kind=kind)))

@@ -20,12 +20,16 @@ from envs.corruptions import corruption_tag, obs_corruptor
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
 from policies.registry import get_policy_class
 from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
+from policies.vision.vit import patch_grid
 
 from .config import InferenceOverrides, RolloutConfig, TaskConfig, from_dict
 from .preflight import WrittenFiles, check_output_dir, replace_file
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+Z_95 = 1.96  # the standard normal's two-sided 95% quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
     """95% Wilson score interval of a binomial proportion (sane at 0/n and n/n, unlike Wald)."""
     if n == 0:
         return (0.0, 1.0)
@@ -253,7 +257,8 @@ def _policy_overrides(meta: dict, inference: InferenceOverrides) -> tuple[dict, 
     # offset grid ("train": keep the 2-D displacements its 1-D offsets had on the training grid).
     vit = policy_config["vit"]
     attn = vit["attention"]
-    offset_grid = list(vit["base_grid"]) if inference.offset_grid == "train" else inference.offset_grid
+    train_grid = patch_grid(policy_config["crop_size"], vit["patch_size"])
+    offset_grid = list(train_grid) if inference.offset_grid == "train" else inference.offset_grid
     attn_over = {k: v for k, v in (("global_slope", inference.global_slope), ("w_max", inference.w_max),
                                    ("offset_grid", offset_grid)) if v is not None}
     for key, kind in (("global_slope", "lookhere"), ("w_max", "fibottention"), ("offset_grid", "fibottention")):

@@ -310,7 +310,7 @@ def _due(step: int, every: int, steps: int) -> bool:
 def _describe(cfg: TrainRunConfig, state: TrainState, data: TrainData, device, ddp: Distributed,
               per_rank_batch: int, lr: float, run: RunDirectory) -> str:
     params = sum(p.numel() for p in state.policy.parameters()) / 1e6
-    return (f"policy={cfg.policy.name} attention={cfg.policy.vit.attention.kind} params={params:.2f}M "
+    return (f"policy={cfg.policy.name} attention={cfg.attention.kind} params={params:.2f}M "
             f"episodes train/val={data.num_train_episodes}/{data.num_val_episodes} windows={len(data.train_set)} "
             f"device={device} processes={ddp.world_size} batch={per_rank_batch}x{ddp.world_size} lr={lr:g} "
             f"run_dir={run.path}")
@@ -338,7 +338,7 @@ def loop(r: _Run, loader, logger: _Logger) -> Path:
     cfg, tcfg, state, ddp = r.cfg, r.cfg.train, r.state, r.ddp
     step_fn = make_step_fn(state.policy, tcfg, ddp, r.device)
     autocast = autocast_context(tcfg.precision, r.device)
-    cfg_dict = to_dict(cfg)
+    cfg_dict = cfg.to_stored()
     if ddp.is_main:
         (r.run.path / "config.json").write_text(json.dumps(cfg_dict, indent=2))
     batches = iter(loader)

@@ -21,16 +21,18 @@ from torch import nn
 
 from .normalize import Normalizer
 from .obs_encoder import ImageAugConfig, ObsEncoder
-from .vision.vit import ViTConfig
+from .vision.vit import ViTConfig, patch_grid
 
 
 @dataclass
 class PolicyConfig:
     name: str = ""  # the registry name; each policy's config sets it
-    # From the task (the training config interpolates them from task.*): key -> shape, images
-    # (C, H, W), low-dim (D,); a None entry is dropped
-    input_shapes: dict[str, Optional[list[int]]] = field(default_factory=dict)
-    action_dim: int = 2
+    # The task's facts, always given (TaskConfig owns their meaning and checks; the training tree fills
+    # them in from task.*, a checkpoint stores them): key -> shape (images (C, H, W), low-dim (D,); a
+    # None entry is dropped), the action size, the square crop the encoders see
+    input_shapes: dict[str, Optional[list[int]]] = field(kw_only=True)
+    action_dim: int = field(kw_only=True)
+    crop_size: int = field(kw_only=True)
     n_obs_steps: int = 2  # To
     # camera frames among the To steps (the latest ones); None: all To. 1 keeps the encoder's cost
     # at one frame while the low-dim history still shows velocities (is the gripper still closing?)
@@ -42,7 +44,6 @@ class PolicyConfig:
     inference_action_steps: ClassVar[bool] = True
     # nested config -> the flat fields it held in checkpoints written before it existed (see upgrade)
     legacy_fields: ClassVar[dict[str, tuple[str, ...]]] = {}
-    crop_size: int = 84
     # true: the last crop_size % patch_size pixel rows and columns are knowingly left unseen (the ViT's
     # patch grid covers crop_size // patch_size patches); false: such a crop is warned about
     drop_crop_remainder: bool = False
@@ -80,8 +81,11 @@ class PolicyConfig:
             warnings.warn(f"task.crop_size {self.crop_size} is not a multiple of the {self.vit.patch_size}-px patch: "
                           f"the last {self.crop_size % self.vit.patch_size} pixel rows and columns are never seen; "
                           f"choose a multiple, or pass policy.drop_crop_remainder=true if that is what you want")
-        # the patch grid of the training crop: the learned position embedding is made for it
-        self.vit.base_grid = (self.crop_size // self.vit.patch_size,) * 2
+
+    @property
+    def patch_grid(self) -> tuple[int, int]:
+        """The ViT's patch grid on the training crop (its learned position embedding is made for it)."""
+        return patch_grid(self.crop_size, self.vit.patch_size)
 
     @property
     def image_obs_steps(self) -> int:
@@ -107,12 +111,21 @@ class PolicyConfig:
     @classmethod
     def upgrade(cls, fields: dict) -> dict:
         """A saved config's fields in today's layout: flat fields an older checkpoint holds move
-        into the nested config that owns them now (``legacy_fields``)."""
+        into the nested config that owns them now (``legacy_fields``); the ``vit.base_grid`` it
+        holds is dropped, since it is derived (``patch_grid``)."""
         fields = dict(fields)
         for nested, names in cls.legacy_fields.items():
             moved = {name: fields.pop(name) for name in names if name in fields}
             if moved:
                 fields[nested] = {**moved, **(fields.get(nested) or {})}
+        vit = dict(fields.get("vit") or {})
+        if "base_grid" in vit:
+            saved = tuple(vit.pop("base_grid"))
+            derived = patch_grid(fields["crop_size"], vit.get("patch_size", ViTConfig.patch_size))
+            if saved != derived:  # only a hand-built config could hold another grid
+                raise ValueError(f"this checkpoint's ViT was made for a {saved} patch grid, but its crop_size "
+                                 f"{fields['crop_size']} gives {derived}: its position embedding does not fit the model")
+            fields["vit"] = vit
         return fields
 
 

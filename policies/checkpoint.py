@@ -3,14 +3,21 @@
 Layout of one checkpoint directory::
 
     model.safetensors        the evaluation weights (EMA when training used EMA), normalizer included
-    config.json              {"policy": name, "policy_config": {...}, "cfg": <resolved Hydra config>}
+    config.json              {"policy": name, "policy_config": {...}, "cfg": <the run's other settings>}
     training_state.safetensors + training_state.json   optimizer, scheduler, EMA and RNG state (resume only)
+
+``policy_config`` is everything the policy is built from, its task facts and its encoder's
+attention included; ``cfg`` is the rest of the training run's config (task, train, eval, seed...),
+without the ``policy`` and ``attention`` that policy_config holds, so each setting is stored once.
+``read_checkpoint_meta`` gives the run's whole config back (and reads older checkpoints, which
+stored both twice, the same way).
 
 Directories are written under a temporary name and renamed, so a crash never leaves a half
 checkpoint under a final name.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -23,6 +30,8 @@ from safetensors.torch import load_file, save_file
 
 from .base import Policy
 from .registry import get_policy_class, make_policy
+
+IN_POLICY_CONFIG = ("policy", "attention")  # the run's settings policy_config holds (the attention: as vit.attention)
 
 
 # --- nested python state <-> (flat tensors, JSON skeleton) -------------------------------------
@@ -109,7 +118,8 @@ def save_checkpoint(path, policy: Policy, cfg: dict | None = None, training_stat
     try:
         weights = eval_state_dict if eval_state_dict is not None else policy.state_dict()
         save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
-        meta = {"policy": policy.name, "policy_config": policy.config.to_dict(), "cfg": cfg or {}}
+        run = {k: v for k, v in (cfg or {}).items() if k not in IN_POLICY_CONFIG}
+        meta = {"policy": policy.name, "policy_config": policy.config.to_dict(), "cfg": run}
         (tmp / "config.json").write_text(json.dumps(meta, indent=2))
         if training_state is not None:
             skeleton, tensors = flatten_state(training_state)
@@ -184,12 +194,14 @@ def resolve_checkpoint(path) -> Path:
 
 
 def read_checkpoint_meta(path) -> dict:
-    """A checkpoint's config.json, its policy config in today's layout (``PolicyConfig.upgrade``)."""
+    """A checkpoint's config.json, its policy config in today's layout (``PolicyConfig.upgrade``)
+    and, for a training run's checkpoint, the run's whole config in ``cfg``: its ``policy`` and
+    ``attention`` are the policy config's (an older checkpoint's own copies of them were equal)."""
     meta = json.loads((resolve_checkpoint(path) / "config.json").read_text())
-    upgrade = get_policy_class(meta["policy"]).config_class.upgrade
-    meta["policy_config"] = upgrade(meta["policy_config"])
-    if isinstance((meta.get("cfg") or {}).get("policy"), dict):
-        meta["cfg"]["policy"] = upgrade(meta["cfg"]["policy"])
+    meta["policy_config"] = get_policy_class(meta["policy"]).config_class.upgrade(meta["policy_config"])
+    if meta.get("cfg"):
+        policy = copy.deepcopy(meta["policy_config"])
+        meta["cfg"].update(policy=policy, attention=copy.deepcopy(policy["vit"]["attention"]))
     return meta
 
 

@@ -31,7 +31,7 @@ def crop_images(x: torch.Tensor, size: int, random: bool) -> torch.Tensor:
 def make_vit(cfg: ViTConfig, crop_size: int) -> nn.Module:
     """One camera's encoder: our ViT, or timm's named by ``vit.backbone`` (timm is imported only then)."""
     if cfg.backbone is None:
-        return ViT(cfg)
+        return ViT(cfg, crop_size)
     from .vision.timm_backbone import TimmViT
 
     return TimmViT(cfg, crop_size)

@@ -21,6 +21,7 @@ TINY_STATS = {"agent_pos": {"min": np.zeros(2, np.float32), "max": np.full(2, 51
               "action": {"min": ACT_MIN, "max": ACT_MAX}}
 TINY_ENCODER = dict(input_shapes={"image": [3, 32, 32], "agent_pos": [2]}, action_dim=2, crop_size=24,
                     vit=dict(patch_size=8, dim=32, depth=1, num_heads=2, out_dim=16))
+VIT_CROP = 72  # the crop the tests' standalone ViTs are made for: a 9x9 grid of the default 8-px patches
 TINY_DIFFUSION = ["policy.down_dims=[16,32]", "policy.diffusion_step_embed_dim=16", "policy.num_inference_steps=3"]
 
 

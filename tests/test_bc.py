@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from policies.registry import get_policy_class, make_policy, make_policy_config
-from policies.bc.heads import GMMHead
+from policies.bc.heads import GMMConfig, GMMHead
 from policies.checkpoint import load_policy, save_checkpoint
 
 from tests.helpers import ACT_MAX, ACT_MIN, TINY_ENCODER
@@ -79,7 +79,7 @@ def test_gmm_head_keeps_two_demonstrated_modes_apart():
     """Half the demos go to +0.8, half to -0.8 from the same input: a regressor would average
     to 0; the mixture samples near one mode or the other."""
     torch.manual_seed(0)
-    head = GMMHead(4, horizon=3, action_dim=2, hidden_dims=[32], num_modes=5)
+    head = GMMHead(4, horizon=3, action_dim=2, hidden_dims=[32], gmm=GMMConfig(num_modes=5), tanh=True, over="chunk")
     cond = torch.ones(64, 4)
     target = torch.cat([torch.full((32, 3, 2), 0.8), torch.full((32, 3, 2), -0.8)])
     opt = torch.optim.Adam(head.parameters(), lr=1e-2)

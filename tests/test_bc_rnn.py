@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from policies.registry import make_policy, make_policy_config
-from policies.checkpoint import load_policy, save_checkpoint
+from policies.checkpoint import load_policy, read_checkpoint_meta, save_checkpoint
 
 from tests.helpers import ACT_MAX, ACT_MIN, TINY_ENCODER
 from tests.helpers import TINY_STATS as STATS
@@ -270,12 +270,14 @@ def test_a_checkpoint_with_the_flat_gmm_fields_of_before_loads(tmp_path):
     import json
 
     policy = tiny_rnn(gmm=dict(num_modes=2, min_std=1e-3)).eval()
-    save_checkpoint(tmp_path / "ckpt", policy, cfg={"policy": policy.config.to_dict()})
+    save_checkpoint(tmp_path / "ckpt", policy, cfg={"seed": 0})
     meta_path = tmp_path / "ckpt" / "config.json"
     meta = json.loads(meta_path.read_text())
-    for section in (meta["policy_config"], meta["cfg"]["policy"]):
-        section.update(section.pop("gmm"))  # the old, flat layout
+    flat = meta["policy_config"]
+    flat.update(flat.pop("gmm"))  # the old, flat layout, which its run config held again then
+    meta["cfg"]["policy"] = dict(flat)
     meta_path.write_text(json.dumps(meta))
+    assert read_checkpoint_meta(tmp_path / "ckpt")["cfg"]["policy"]["gmm"]["num_modes"] == 2
     loaded = load_policy(tmp_path / "ckpt")
     assert (loaded.config.gmm.num_modes, loaded.config.gmm.min_std) == (2, 1e-3)
     ep = episode(3, seed=7)

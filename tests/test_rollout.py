@@ -117,7 +117,7 @@ def test_rollout_attention_overrides(tiny_checkpoint, monkeypatch):
     assert max(max(offs) for p in patterns for offs in p.offsets((6, 6))) <= 7
     s = evaluation.evaluate_checkpoint(tiny_checkpoint, num_episodes=1, max_steps=2, num_videos=0, image_size=120,
                                     offset_grid="train", progress=False)
-    train_grid = seen["policy"].config.vit.base_grid
+    train_grid = seen["policy"].config.patch_grid
     assert s["attention_overrides"] == {"offset_grid": list(train_grid)}
     patterns = [m.pattern for m in seen["policy"].modules() if hasattr(m, "pattern") and hasattr(m, "qkv")]
     assert patterns and all(p.offset_grid == tuple(train_grid) for p in patterns)

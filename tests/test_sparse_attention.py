@@ -229,10 +229,10 @@ def test_vit_sparse_equals_dense(kind, options, use_cls, pool):
     images = torch.rand(2, 3, 56, 48)  # 7x6 patches of 8 pixels: non-square grid
     for impl in ("dense", "sparse", "auto"):
         cfg = ViTConfig(
-            dim=48, depth=2, num_heads=3, use_cls=use_cls, pool=pool, base_grid=(7, 6),
+            dim=48, depth=2, num_heads=3, use_cls=use_cls, pool=pool,
             attention=AttentionConfig(kind=kind, impl=impl, **options),
         )
-        model = ViT(cfg)
+        model = ViT(cfg, crop_size=48)  # a 6x6 position embedding, resampled to the 7x6 grid
         if impl == "dense":
             state = model.state_dict()
         else:
@@ -274,9 +274,8 @@ CACHE_CASES = [(kind, "dense") for kind in KINDS if kind != "full"] + [("fibotte
 
 def small_vit(kind: str, impl: str, seed: int = 0) -> ViT:
     torch.manual_seed(seed)
-    cfg = ViTConfig(dim=16, depth=2, num_heads=2, mlp_ratio=1.0, base_grid=(14, 16),
-                    attention=AttentionConfig(kind=kind, impl=impl))
-    return ViT(cfg)
+    cfg = ViTConfig(dim=16, depth=2, num_heads=2, mlp_ratio=1.0, attention=AttentionConfig(kind=kind, impl=impl))
+    return ViT(cfg, crop_size=CACHE_IMAGES[-2])
 
 
 def cached_tensors(vit: ViT) -> list[torch.Tensor]:

@@ -199,9 +199,10 @@ def test_activation_patching_reproduces_the_encoder_and_restoring_a_path_removes
     from policies.vision.vit import ViT, ViTConfig
     from studies.feature_shift import relative_change
     from studies.shift_patching import components, run
+    from tests.helpers import VIT_CROP
 
     torch.manual_seed(0)
-    vit = ViT(ViTConfig(dim=32, depth=2, num_heads=4, attention=AttentionConfig(kind=kind))).eval()
+    vit = ViT(ViTConfig(dim=32, depth=2, num_heads=4, attention=AttentionConfig(kind=kind)), VIT_CROP).eval()
     x = torch.rand(4, 3, 72, 72)
     f, clean = run(vit, x)
     torch.testing.assert_close(f, vit(x), rtol=1e-5, atol=1e-5)  # step by step is the encoder itself

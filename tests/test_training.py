@@ -193,8 +193,39 @@ def test_a_checkpoint_from_before_a_setting_existed_resumes_with_its_default_onl
     train(tiny_train_cfg(tmp_path, tiny_pusht_zarr))
     meta_path = tmp_path / "run" / "checkpoints" / "last" / "config.json"
     meta = json.loads(meta_path.read_text())
-    del meta["cfg"]["policy"]["vit"]["input_norm"]  # as written before vit.input_norm was added
+    del meta["policy_config"]["vit"]["input_norm"]  # as written before vit.input_norm was added
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"policy[.]vit[.]input_norm: None -> 'per_image'"):
         train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, extra=["resume=true", "train.steps=3", "policy.vit.input_norm=per_image"]))
     assert train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, extra=["resume=true", "train.steps=3"])).step == 3
+
+
+def test_each_setting_is_stored_once_and_checkpoints_of_before_still_load_and_resume(tmp_path, tiny_pusht_zarr):
+    """The run's config.json and a checkpoint's hold the attention settings once (the tree at
+    ``attention``, the checkpoint in its policy config); a checkpoint in the layout of before (the
+    policy config and the attention again in its run config, a ``vit.base_grid``) reads the same."""
+    last = train(tiny_train_cfg(tmp_path, tiny_pusht_zarr)).checkpoint
+    run_text, ckpt_text = (tmp_path / "run" / "config.json").read_text(), (last / "config.json").read_text()
+    assert run_text.count('"w_min"') == ckpt_text.count('"w_min"') == 1
+    stored = json.loads(ckpt_text)
+    assert "action_dim" not in json.loads(run_text)["policy"] and set(stored["cfg"]) & {"policy", "attention"} == set()
+    meta = read_checkpoint_meta(last)
+    assert meta["cfg"]["policy"] == meta["policy_config"] and meta["cfg"]["attention"]["kind"] == "fibottention"
+    policy = load_policy(last)
+    grid = list(policy.config.patch_grid)
+    old = dict(stored, policy_config={**stored["policy_config"], "vit": {**stored["policy_config"]["vit"], "base_grid": grid}})
+    old["cfg"] = {**stored["cfg"], "policy": old["policy_config"], "attention": stored["policy_config"]["vit"]["attention"]}
+    (last / "config.json").write_text(json.dumps(old))
+    assert read_checkpoint_meta(last) == meta
+    obs = {k: v for k, v in _batch(tiny_train_cfg(tmp_path, tiny_pusht_zarr), 2)[1].items() if k in policy.config.input_shapes}
+    reloaded = load_policy(last)
+    torch.manual_seed(0)
+    expected = policy.predict_action_chunk(obs)
+    torch.manual_seed(0)
+    torch.testing.assert_close(reloaded.predict_action_chunk(obs), expected, rtol=0, atol=0)
+    assert train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, extra=["resume=true", "train.steps=3"])).step == 3
+    old["policy_config"]["vit"]["base_grid"] = [grid[0] + 1] * 2  # not its crop's grid: the position embedding would not fit
+    (last / "config.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=rf"made for a \({grid[0] + 1}, {grid[0] + 1}\) patch grid, but its crop_size "
+                                         rf"{policy.config.crop_size} gives \({grid[0]}, {grid[1]}\)"):
+        load_policy(last)

@@ -8,6 +8,7 @@ from policies.vision.attention import AttentionConfig, attend, naive_attention
 from policies.vision.masks import KINDS as KIND_NAMES
 from policies.vision.masks import LOOKHERE_DIRECTIONS
 from policies.vision.vit import ViT, ViTConfig
+from tests.helpers import VIT_CROP
 
 
 def _variants(kind: str) -> list[dict]:
@@ -31,7 +32,7 @@ def _vit(att, heads=4, use_cls=True, pos="learned"):
     torch.manual_seed(0)
     cfg = ViTConfig(patch_size=8, dim=48 if heads != 12 else 96, depth=2, num_heads=heads, use_cls=use_cls,
                     pool="cls" if use_cls else "mean", pos_embed=pos, attention=AttentionConfig(**att))
-    return ViT(cfg)
+    return ViT(cfg, VIT_CROP)
 
 
 def _unmasked(vit: ViT) -> ViT:
@@ -171,7 +172,7 @@ def test_spatial_softmax_reads_the_peak_patch_coordinates():
     """A keypoint that fires on one patch reads that patch's normalised (x, y), on any grid."""
     torch.manual_seed(0)
     vit = ViT(ViTConfig(dim=48, num_heads=4, pool="spatial_softmax", num_keypoints=2,
-                        attention=AttentionConfig(kind="lookhere")))
+                        attention=AttentionConfig(kind="lookhere")), VIT_CROP)
     with torch.no_grad():
         vit.keypoints.weight.zero_()
         vit.keypoints.bias.zero_()
@@ -191,7 +192,7 @@ def test_spatial_softmax_gives_lookhere_absolute_position():
     keypoint read-out moves with it: shifting a bright square right raises keypoint x."""
     torch.manual_seed(0)
     vit = ViT(ViTConfig(dim=48, num_heads=4, depth=2, pool="spatial_softmax", num_keypoints=8,
-                        attention=AttentionConfig(kind="lookhere"))).eval()
+                        attention=AttentionConfig(kind="lookhere")), VIT_CROP).eval()
     with torch.no_grad():
         vit.log_temperature.fill_(-3.0)  # sharp keypoints
     img = torch.zeros(1, 3, 72, 72)
@@ -217,8 +218,8 @@ def test_per_image_input_norm_cancels_a_brightness_shift_and_a_contrast_change()
     images = 0.2 + 0.5 * torch.rand(3, 3, 72, 72)  # away from 0 and 1, so neither change clips
     shifted, flattened = images + 0.1, 0.5 + 0.5 * (images - 0.5)  # brightness +0.1, contrast x0.5 (the robustness study's)
     for kind in ("full", "fibottention"):
-        per_image = ViT(ViTConfig(dim=48, depth=2, num_heads=4, input_norm="per_image", attention=AttentionConfig(kind=kind))).eval()
-        fixed = ViT(ViTConfig(dim=48, depth=2, num_heads=4, attention=AttentionConfig(kind=kind))).eval()
+        per_image = ViT(ViTConfig(dim=48, depth=2, num_heads=4, input_norm="per_image", attention=AttentionConfig(kind=kind)), VIT_CROP).eval()
+        fixed = ViT(ViTConfig(dim=48, depth=2, num_heads=4, attention=AttentionConfig(kind=kind)), VIT_CROP).eval()
         with torch.no_grad():
             out = per_image(images)
             for changed in (shifted, flattened):

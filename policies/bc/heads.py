@@ -55,7 +55,7 @@ def make_mlp(in_dim: int, hidden_dims: list[int], out_dim: int, dropout: float =
 class MLPHead(nn.Module):
     """Deterministic regression of the whole chunk."""
 
-    def __init__(self, in_dim: int, horizon: int, action_dim: int, hidden_dims: list[int], dropout: float = 0.0, tanh: bool = True):
+    def __init__(self, in_dim: int, horizon: int, action_dim: int, hidden_dims: list[int], dropout: float, tanh: bool):
         super().__init__()
         self.horizon, self.action_dim, self.tanh = horizon, action_dim, tanh
         self.net = make_mlp(in_dim, hidden_dims, horizon * action_dim, dropout)
@@ -74,24 +74,13 @@ class GMMHead(nn.Module):
     step picks its own mode (robomimic's per-timestep factorization, as in its BC-RNN-GMM).
     """
 
-    def __init__(
-        self,
-        in_dim: int,
-        horizon: int,
-        action_dim: int,
-        hidden_dims: list[int],
-        num_modes: int = 5,
-        min_std: float = 1e-4,
-        std_activation: str = "softplus",
-        tanh: bool = True,
-        over: str = "chunk",
-        dropout: float = 0.0,
-    ):
+    def __init__(self, in_dim: int, horizon: int, action_dim: int, hidden_dims: list[int], gmm: GMMConfig, *,
+                 tanh: bool, over: str, dropout: float = 0.0):
         super().__init__()
-        self.horizon, self.action_dim, self.num_modes = horizon, action_dim, num_modes
-        self.min_std, self.std_activation, self.tanh = min_std, std_activation, tanh
+        self.horizon, self.action_dim, self.num_modes = horizon, action_dim, gmm.num_modes
+        self.min_std, self.std_activation, self.tanh = gmm.min_std, gmm.std_activation, tanh
         self.groups, self.event_dim = (1, horizon * action_dim) if over == "chunk" else (horizon, action_dim)
-        per_group = num_modes * (2 * self.event_dim + 1)  # means, raw stds, logits
+        per_group = self.num_modes * (2 * self.event_dim + 1)  # means, raw stds, logits
         self.net = make_mlp(in_dim, hidden_dims, self.groups * per_group, dropout)
 
     def forward(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

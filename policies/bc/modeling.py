@@ -20,10 +20,8 @@ class BCPolicy(Policy):
         if c.head == "mlp":
             self.head = MLPHead(cond_dim, c.horizon, c.action_dim, c.hidden_dims, c.dropout, c.tanh)
         else:
-            self.head = GMMHead(
-                cond_dim, c.horizon, c.action_dim, c.hidden_dims, c.gmm.num_modes, c.gmm.min_std, c.gmm.std_activation, c.tanh,
-                c.gmm_over, c.dropout
-            )
+            self.head = GMMHead(cond_dim, c.horizon, c.action_dim, c.hidden_dims, c.gmm, tanh=c.tanh, over=c.gmm_over,
+                                dropout=c.dropout)
 
     def compute_loss(self, batch):
         c = self.config

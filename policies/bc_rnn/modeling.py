@@ -24,8 +24,7 @@ class BCRNNPolicy(Policy):
         c = config
         self.rnn = nn.LSTM(self.obs_encoder.output_dim, c.rnn_hidden_dim, c.rnn_num_layers, batch_first=True)
         # one mixture over each step's Ta actions (Ta=1: robomimic's per-step GMM)
-        self.head = GMMHead(c.rnn_hidden_dim, c.n_action_steps, c.action_dim, c.hidden_dims, c.gmm.num_modes,
-                            c.gmm.min_std, c.gmm.std_activation, c.tanh, over="chunk")
+        self.head = GMMHead(c.rnn_hidden_dim, c.n_action_steps, c.action_dim, c.hidden_dims, c.gmm, tanh=c.tanh, over="chunk")
 
     # --- recurrent state, one carry per environment ---------------------------------------
     def _initial_state(self, carries: list, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:

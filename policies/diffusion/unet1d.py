@@ -6,6 +6,10 @@ import math
 import torch
 from torch import nn
 
+SINCOS_BASE = 10000  # the diffusion step embedding's frequency base (the Transformer's)
+STEP_MLP_RATIO = 4  # hidden width of the step encoder's MLP, in step embeddings (Diffusion Policy's)
+DOWNSAMPLE_KERNEL, UPSAMPLE_KERNEL = 3, 4  # stride-2 convolutions that halve and double the time axis
+
 
 class SinusoidalPosEmb(nn.Module):
     def __init__(self, dim: int):
@@ -14,7 +18,7 @@ class SinusoidalPosEmb(nn.Module):
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         half = self.dim // 2
-        freq = torch.exp(-math.log(10000) * torch.arange(half, device=t.device) / (half - 1))
+        freq = torch.exp(-math.log(SINCOS_BASE) * torch.arange(half, device=t.device) / (half - 1))
         ang = t.float()[:, None] * freq[None]  # (B, half)
         return torch.cat([ang.sin(), ang.cos()], dim=-1)  # (B, dim)
 
@@ -46,9 +50,9 @@ class ConditionalUnet1D(nn.Module):
         super().__init__()
         self.step_encoder = nn.Sequential(
             SinusoidalPosEmb(step_embed_dim),
-            nn.Linear(step_embed_dim, 4 * step_embed_dim),
+            nn.Linear(step_embed_dim, STEP_MLP_RATIO * step_embed_dim),
             nn.Mish(),
-            nn.Linear(4 * step_embed_dim, step_embed_dim),
+            nn.Linear(STEP_MLP_RATIO * step_embed_dim, step_embed_dim),
         )
         cond_dim = step_embed_dim + global_cond_dim
         dims = [action_dim] + list(down_dims)
@@ -58,7 +62,7 @@ class ConditionalUnet1D(nn.Module):
             self.down.append(nn.ModuleList([
                 FiLMResBlock(a, b, cond_dim, kernel, groups),
                 FiLMResBlock(b, b, cond_dim, kernel, groups),
-                nn.Conv1d(b, b, 3, stride=2, padding=1) if not last else nn.Identity(),
+                nn.Conv1d(b, b, DOWNSAMPLE_KERNEL, stride=2, padding=1) if not last else nn.Identity(),
             ]))
         mid = down_dims[-1]
         self.mid = nn.ModuleList([FiLMResBlock(mid, mid, cond_dim, kernel, groups) for _ in range(2)])
@@ -67,7 +71,7 @@ class ConditionalUnet1D(nn.Module):
             self.up.append(nn.ModuleList([
                 FiLMResBlock(2 * b, a, cond_dim, kernel, groups),
                 FiLMResBlock(a, a, cond_dim, kernel, groups),
-                nn.ConvTranspose1d(a, a, 4, stride=2, padding=1),
+                nn.ConvTranspose1d(a, a, UPSAMPLE_KERNEL, stride=2, padding=1),
             ]))
         self.final = nn.Sequential(Conv1dBlock(down_dims[0], down_dims[0], kernel, groups), nn.Conv1d(down_dims[0], action_dim, 1))
 

@@ -17,7 +17,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from .swap import swap_attention
-from .vit import ViT, ViTConfig
+from .vit import INIT_STD, ViT, ViTConfig
 
 PREFIX = "timm:"
 WEIGHT_SUFFIX = ".safetensors"  # weights without pickles, as our checkpoints
@@ -74,7 +74,7 @@ class TimmViT(nn.Module):
         self.head = nn.Linear(dim + (2 * cfg.num_keypoints if self.keypoints is not None else 0), cfg.out_dim)
         for layer in (self.keypoints, self.head):
             if layer is not None:  # as ViT._init_weights
-                nn.init.trunc_normal_(layer.weight, std=0.02)
+                nn.init.trunc_normal_(layer.weight, std=INIT_STD)
                 nn.init.zeros_(layer.bias)
 
     @property

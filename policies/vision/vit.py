@@ -21,6 +21,16 @@ POOLS = ("cls", "mean", "spatial_softmax")
 # fixed: [0, 1] -> [-1, 1] for every image. per_image: each image's channels standardized by their own
 # mean and std, which cancels a uniform brightness shift and a contrast change (up to clipping)
 INPUT_NORMS = ("fixed", "per_image")
+# per_image: a floor on the std, not an added eps: exact for any contrast, finite for a flat image
+PER_IMAGE_MIN_STD = 1e-3
+INIT_STD = 0.02  # truncated-normal init of the linear layers, CLS token and position embedding (timm's ViT)
+SINCOS_BASE = 10000  # the sin-cos embedding's frequency base (the Transformer's)
+
+
+def patch_grid(crop_size: int, patch_size: int) -> tuple[int, int]:
+    """The patch grid of a square ``crop_size`` crop (the Conv2d patches floor it): the grid the
+    learned position embedding is created for, and Fibottention's ``offset_grid=train``."""
+    return (crop_size // patch_size,) * 2
 
 
 @dataclass
@@ -34,7 +44,6 @@ class ViTConfig:
     pool: str = "cls"  # cls | mean | spatial_softmax (cls/mean token + keypoint coordinates)
     num_keypoints: int = 32  # spatial_softmax only: keypoints read out of the patch tokens
     pos_embed: str = "learned"  # learned | sincos | none (LookHere never adds one)
-    base_grid: tuple[int, int] = (9, 9)  # grid the learned position embedding is created for
     input_norm: str = "fixed"  # fixed | per_image (see INPUT_NORMS)
     out_dim: int = 64  # feature size handed to the policy
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -47,7 +56,6 @@ class ViTConfig:
     def __post_init__(self):
         if isinstance(self.attention, dict):
             self.attention = AttentionConfig(**self.attention)
-        self.base_grid = tuple(self.base_grid)
         for name in ("patch_size", "dim", "depth", "num_heads", "out_dim", "num_keypoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"vit.{name} must be >= 1, got {getattr(self, name)}")
@@ -73,7 +81,7 @@ def sincos_2d(grid: tuple[int, int], dim: int, device=None) -> torch.Tensor:
         raise ValueError(f"sin-cos position embedding needs dim divisible by 4, got {dim}")
     gh, gw = grid
     y, x = torch.meshgrid(torch.arange(gh, device=device), torch.arange(gw, device=device), indexing="ij")
-    omega = 1.0 / (10000 ** (torch.arange(dim // 4, device=device) / (dim // 4)))
+    omega = 1.0 / (SINCOS_BASE ** (torch.arange(dim // 4, device=device) / (dim // 4)))
     out = []
     for coord in (y.reshape(-1), x.reshape(-1)):
         ang = coord[:, None].float() * omega[None]  # (P, dim/4)
@@ -96,9 +104,12 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, cfg: ViTConfig, in_chans: int = 3):
+    """The encoder of ``crop_size`` crops (its learned position embedding is made for their patch grid)."""
+
+    def __init__(self, cfg: ViTConfig, crop_size: int, in_chans: int = 3):
         super().__init__()
         self.cfg = cfg
+        self.base_grid = patch_grid(crop_size, cfg.patch_size)
         att = cfg.attention
         self.patch_embed = nn.Conv2d(in_chans, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         self.num_prefix = 1 if cfg.use_cls else 0
@@ -108,8 +119,8 @@ class ViT(nn.Module):
         # translation equivariance and its extrapolation to larger grids.
         self.pos_embed_kind = cfg.pos_embed if patterns[0].uses_pos_embed else "none"
         if self.pos_embed_kind == "learned":
-            gh, gw = cfg.base_grid
-            self.pos_embed = nn.Parameter(torch.randn(1, gh * gw, cfg.dim) * 0.02)
+            gh, gw = self.base_grid
+            self.pos_embed = nn.Parameter(torch.randn(1, gh * gw, cfg.dim) * INIT_STD)
         else:
             self.pos_embed = None
         self.blocks = nn.ModuleList(Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, p, att.impl, att.mask_mode) for p in patterns)
@@ -131,11 +142,11 @@ class ViT(nn.Module):
     def _init_weights(self):
         for m in self.modules():
             if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.trunc_normal_(m.weight, std=INIT_STD)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
         if self.cls_token is not None:
-            nn.init.trunc_normal_(self.cls_token, std=0.02)
+            nn.init.trunc_normal_(self.cls_token, std=INIT_STD)
 
     def clear_attention_cache(self) -> None:
         """Free every layer's attention biases and sparse plans (rebuilt when next needed)."""
@@ -147,7 +158,7 @@ class ViT(nn.Module):
             return sincos_2d(grid, self.cfg.dim, device).to(dtype)[None]
         if self.pos_embed_kind != "learned":
             return None
-        base = self.cfg.base_grid
+        base = self.base_grid
         if tuple(grid) == base:
             return self.pos_embed
         pe = self.pos_embed.reshape(1, base[0], base[1], -1).permute(0, 3, 1, 2)  # (1, dim, gh, gw)
@@ -159,7 +170,7 @@ class ViT(nn.Module):
         if self.cfg.input_norm == "per_image":
             mean = images.mean(dim=(-2, -1), keepdim=True)  # (B, C, 1, 1)
             std = images.std(dim=(-2, -1), keepdim=True)  # (B, C, 1, 1)
-            return (images - mean) / std.clamp_min(1e-3)  # a floor, not an added eps: exact for any contrast, finite when flat
+            return (images - mean) / std.clamp_min(PER_IMAGE_MIN_STD)
         return images * 2.0 - 1.0
 
     def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
