@@ -1,9 +1,10 @@
 """Write any dataset the package reads as a LeRobotDataset v3.0.
 
-    python -m datasets.export src=data/pusht/demos.zarr out=data/pusht/demos_lerobot
-    python -m datasets.export src=data/lift/ph_image.hdf5 out=data/lift/lerobot codec=h264 overwrite=true
+    python export_dataset.py src=data/pusht/demos.zarr out=data/pusht/demos_lerobot
+    python export_dataset.py src=data/lift/ph_image.hdf5 out=data/lift/lerobot codec=h264 overwrite=true
 
-Options: ExportConfig below. Feature names come from the task's ``dataset.features``
+Options: ExportConfig below (export_dataset.py is the command line, this module the library it
+calls). Feature names come from the task's ``dataset.features``
 (configs/task/<task>.yaml, lerobot/pusht's names for PushT), so ``task.dataset.path=OUT`` trains
 on the export as it is. Images become one mp4 per camera (AV1 by default, as lerobot writes, or
 H.264) whose frame i lies at exactly i/fps s; low-dim keys and actions go to data/ parquet.
@@ -13,12 +14,10 @@ Output goes to a temporary folder renamed at the end; an existing ``out`` is rep
 from __future__ import annotations
 
 import json
-import os
-import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -63,19 +62,6 @@ def source_task(data: EpisodeData) -> str | None:
 
         return {v: k for k, v in TASK_TO_ENV_NAME.items()}.get(env_name)
     return None
-
-
-def load_task(name: str):
-    """configs/task/<name>.yaml as a TaskConfig (its fps and dataset.features)."""
-    from omegaconf import OmegaConf
-
-    from core.config import CONFIG_DIR, TaskConfig
-
-    path = CONFIG_DIR / "task" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (CONFIG_DIR / "task").glob("*.yaml"))
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(known)}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig), OmegaConf.load(path)))
 
 
 def _feature_spec(arr: np.ndarray, fps: int, codec: str) -> dict:
@@ -233,7 +219,9 @@ def write_lerobot(out, data: EpisodeData, names: dict[str, str], *, fps: int, ta
     return out
 
 
-def export(cfg: ExportConfig) -> dict:
+def export(cfg: ExportConfig, load_task: Callable[[str], Any]) -> dict:
+    """Export ``cfg.src`` to ``cfg.out``; ``load_task(name)`` gives the task's config (its ``fps`` and
+    ``dataset.features``: ``core.config.load_task`` in the command, since the data layer reads no configs)."""
     from .factory import read_dataset
 
     src, out = Path(cfg.src), Path(cfg.out)
@@ -254,29 +242,8 @@ def export(cfg: ExportConfig) -> dict:
             "frames": data.num_frames, "features": names, "codec": cfg.codec}
 
 
-def run(cfg: ExportConfig) -> dict:
-    report = export(cfg)
+def run(cfg: ExportConfig, load_task: Callable[[str], Any]) -> dict:
+    """What export_dataset.py does with an ExportConfig: export, print the report."""
+    report = export(cfg, load_task)
     print(json.dumps(report, indent=2))
     return report
-
-
-def main(argv: list[str] | None = None) -> None:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from core.cli import run_command
-
-    args = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("SVT_LOG", SVT_LOG_ERRORS)  # SVT-AV1 prints its whole configuration otherwise
-    try:
-        cfg = OmegaConf.merge(OmegaConf.structured(ExportConfig), OmegaConf.from_dotlist(args))
-    except OmegaConfBaseException as exc:
-        options = ", ".join(f.name for f in fields(ExportConfig))
-        print(f"python -m datasets.export: error: {str(exc).splitlines()[0]} (options: {options}; see ExportConfig "
-              f"in datasets/export.py)", file=sys.stderr)
-        raise SystemExit(1) from None
-    run_command("python -m datasets.export", run, cfg)
-
-
-if __name__ == "__main__":
-    main()

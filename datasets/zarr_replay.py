@@ -83,7 +83,7 @@ def _open(path) -> zarr.Group:
 
 
 def is_pusht_zarr(path) -> bool:
-    """Whether ``path`` holds a replay buffer (what ``datasets.generate overwrite=true`` may replace)."""
+    """Whether ``path`` holds a replay buffer (what ``generate_demos.py overwrite=true`` may replace)."""
     try:
         _check_layout(zarr.open_group(str(path), mode="r"), path)
     except Exception:  # not a zarr group, or another layout
