@@ -32,6 +32,9 @@ SVT_LOG_ERRORS = "1"
 SVTAV1_PRESET = "12"  # lerobot's default: the fastest preset
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)  # lerobot's stats.json carries q01 ... q99
 EPISODE_FILE = f"{EPISODES_DIR}/chunk-000/file-000.parquet"  # one file: our datasets are small
+STATS_BLOCK = 256  # frames per block of the image statistics: no full float copy of the video
+# info.json's chunking and file-size settings: lerobot's defaults, which its own writer records
+FILE_LIMITS = {"chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200}
 
 
 @dataclass
@@ -79,8 +82,8 @@ def _stats(arr: np.ndarray) -> dict:
         c = arr.shape[-1]
         mean, sq = np.zeros(c), np.zeros(c)
         lo, hi = arr.reshape(-1, c).min(0) / 255.0, arr.reshape(-1, c).max(0) / 255.0
-        for s in range(0, len(arr), 256):  # (B, H, W, C) blocks: no full float copy of the video
-            block = arr[s : s + 256].reshape(-1, c).astype(np.float64) / 255.0
+        for s in range(0, len(arr), STATS_BLOCK):  # (B, H, W, C) blocks
+            block = arr[s : s + STATS_BLOCK].reshape(-1, c).astype(np.float64) / 255.0
             mean += block.sum(0)
             sq += (block**2).sum(0)
         n = arr.size // c
@@ -211,7 +214,7 @@ def write_lerobot(out, data: EpisodeData, names: dict[str, str], *, fps: int, ta
         info = {
             "codebase_version": CODEBASE_VERSION, "robot_type": data.meta.get("robot_type"),
             "total_episodes": data.num_episodes, "total_frames": data.num_frames, "total_tasks": 1,
-            "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200, "fps": fps,
+            **FILE_LIMITS, "fps": fps,
             "splits": {"train": f"0:{data.num_episodes}"}, "data_path": DATA_PATH,
             "video_path": VIDEO_PATH if videos else None, "features": features,
         }

@@ -33,8 +33,6 @@ from .episodes import check_writable, contents, recover_output
 
 TASKS = {"pusht": "envs.experts.pusht", "lift": "envs.experts.lift", "can": "envs.experts.can"}
 GENERATOR = "datasets.generate"  # recorded in a PushT dataset's attributes: the module that wrote it
-
-
 EXTRA_ATTEMPTS = 20  # attempts beyond twice the episodes asked for, before max_attempts= is needed
 
 
