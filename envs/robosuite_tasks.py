@@ -231,6 +231,9 @@ class RobosuiteEnv(gym.Env):
 
     def _render_camera(self, camera: str, size: int) -> np.ndarray:
         self._ensure_render_context()
+        # robosuite renders in whichever GL context is current, which with several environments in one
+        # process is another's (the newest one's, or none once one was closed): garbled or black frames
+        self._env.sim._render_context_offscreen.gl_ctx.make_current()
         img = self._env.sim.render(camera_name=camera, width=size, height=size)
         return np.ascontiguousarray(img[::-1])  # upright, as robomimic stores images
 
@@ -354,6 +357,9 @@ class RobosuiteEnv(gym.Env):
     def close(self):
         env = getattr(self, "_env", None)
         if env is not None:
+            ctx = getattr(env.sim, "_render_context_offscreen", None)
+            if ctx is not None:  # robosuite frees the MjrContext in the current GL context, which may be
+                ctx.gl_ctx.make_current()  # another environment's (its textures would go): make it this one's
             env.close()
             self._env = None
 
