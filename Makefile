@@ -46,7 +46,7 @@ DEMO_RUN := outputs/demo
 LIFT_DATA := data/lift/ph_image.hdf5
 demo: $(STAMP)
 	$(PYTHON) -m policies.vision.masks fibottention --grid 10x10 --heads 4 --depth 3
-	@test -e $(LIFT_DATA) || $(PYTHON) -m datasets.generate task=lift num_episodes=200 workers=2
+	@test -e $(LIFT_DATA) || $(PYTHON) generate_demos.py task=lift num_episodes=200 workers=2
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_policy.py task=lift policy=bc attention=fibottention \
 	  recipe=cpu run_dir=$(DEMO_RUN) overwrite=true
 	$(PYTHON) rollout.py checkpoint=$(DEMO_RUN) num_episodes=20 workers=2 overwrite=true
@@ -55,7 +55,7 @@ demo: $(STAMP)
 # PushT with the CPU recipe (x0 diffusion, keypoints): 1000 demonstrations and 15000 steps, about an hour.
 PUSHT_DATA := data/pusht/demos1000.zarr
 demo-pusht: $(STAMP)
-	@test -e $(PUSHT_DATA) || $(PYTHON) -m datasets.generate task=pusht num_episodes=1000 out=$(PUSHT_DATA) workers=2
+	@test -e $(PUSHT_DATA) || $(PYTHON) generate_demos.py task=pusht num_episodes=1000 out=$(PUSHT_DATA) workers=2
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_policy.py task=pusht policy=diffusion attention=fibottention \
 	  recipe=cpu run_dir=outputs/demo_pusht overwrite=true
 	$(PYTHON) rollout.py checkpoint=outputs/demo_pusht num_episodes=20 workers=2 overwrite=true

@@ -1,14 +1,14 @@
 """The one typed config tree of the package, parsed the same way by every command.
 
-Every default is written once, in a dataclass here (train, eval, task, rollout, generation) or
-beside its module (``PolicyConfig`` subclasses in ``policies/<name>/configuration.py``,
-``AttentionConfig`` in ``policies/vision/attention.py``). The dataclasses are registered with
-Hydra's ConfigStore; the YAML files under ``configs/`` only select and override:
+Every default is written once, in a dataclass here (train, eval, task, rollout) or beside its
+module (``PolicyConfig`` subclasses in ``policies/<name>/configuration.py``, ``AttentionConfig`` in
+``policies/vision/attention.py``, ``GenerateConfig`` in ``datasets/generate.py``). The dataclasses
+are registered with Hydra's ConfigStore; the YAML files under ``configs/`` only select and override:
 
     configs/config.yaml      training: task x policy x attention x recipe
     configs/task/*.yaml      each task's data (cameras, action size, dataset path)
     configs/recipe/          what the package has measured (cpu, paper), per task and policy
-    configs/rollout.yaml     rollout.py            configs/generate.yaml   python -m datasets.generate
+    configs/rollout.yaml     rollout.py            configs/generate.yaml   generate_demos.py
 
 Composition refuses wrong types with the field's name (OmegaConf validates against the
 dataclasses) and ``to_object`` refuses unknown keys, given with or without ``+`` (Hydra lets a
@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from datasets.generate import GenerateConfig  # the generator's settings live with it (datasets imports no core)
 from envs.factory import EVAL_SEED_START  # demonstrations use seeds below it, evaluation from it
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -234,25 +235,6 @@ class RolloutConfig(InferenceOverrides, RolloutOptions):
         _at_least("", self, ("num_episodes", "max_steps"), 1)
 
 
-# --- python -m datasets.generate ----------------------------------------------------------------
-@dataclass
-class GenerateConfig:
-    """``python -m datasets.generate task=...``: scripted demonstrations in the public layout."""
-
-    task: TaskConfig = MISSING
-    num_episodes: int = 200
-    out: str = "${task.dataset.path}"  # where training reads the task's data by default
-    workers: int = 1
-    seed: int = 0  # first initial-state seed; seeds stay below EVAL_SEED_START
-    overwrite: bool = False
-    max_attempts: Optional[int] = None  # default 2 * num_episodes + 20
-    image_size: Optional[int] = None  # camera size (default: the environment's)
-
-    def __post_init__(self):
-        _at_least("", self, ("num_episodes", "workers", "max_attempts", "image_size"), 1)
-        _at_least("", self, ("seed",), 0)
-
-
 # --- registration and composition ---------------------------------------------------------------
 def register_configs() -> None:
     """Put the schemas and the policy / attention options into Hydra's ConfigStore (idempotent)."""
@@ -264,7 +246,9 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainRunConfig)
     cs.store(name="rollout_schema", node=RolloutConfig)
-    cs.store(name="generate_schema", node=GenerateConfig)
+    generate = OmegaConf.structured(GenerateConfig)
+    generate.task = OmegaConf.structured(TaskConfig)  # the data layer takes any task; the command's is typed
+    cs.store(name="generate_schema", node=generate)
     for name, cls in POLICIES.items():
         node = OmegaConf.structured(cls.config_class)
         for key, owner in POLICY_REFERENCES.items():
@@ -348,3 +332,12 @@ def to_dict(obj) -> dict:
 def from_dict(cls, data: dict):
     """The inverse of ``to_dict``, validated (a checkpoint's ``cfg["task"]`` -> TaskConfig)."""
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))
+
+
+def load_task(name: str) -> TaskConfig:
+    """configs/task/<name>.yaml alone as a TaskConfig (what export_dataset.py hands the data layer)."""
+    path = CONFIG_DIR / "task" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (CONFIG_DIR / "task").glob("*.yaml"))
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(known)}")
+    return from_dict(TaskConfig, OmegaConf.load(path))

@@ -199,6 +199,44 @@ def sample_frames(arr, length: int | None = None, n: int = IMAGE_SAMPLE_FRAMES) 
     return np.concatenate([np.asarray(arr[:n]), np.asarray(arr[length - n : length])])
 
 
+# ------------------------------------------------------------------------------------- before writing
+# A path the writer can create, and what a path holds (for refusals). core/preflight.py checks the
+# commands' output folders with these too: the data layer imports no core.
+SHOWN_ENTRIES = 5  # entries of a folder named in a refusal
+
+
+def contents(path: Path) -> str:
+    """What ``path`` holds, for a refusal: "a file (N bytes)", "an empty folder" or "a folder holding a, b, ..."."""
+    p = Path(path)
+    if p.is_symlink() or not p.is_dir():
+        return f"a file ({p.stat().st_size} bytes)" if p.is_file() else "something that is not a folder"
+    names = sorted(c.name + ("/" if c.is_dir() else "") for c in p.iterdir() if c.name != ".lock")
+    if not names:
+        return "an empty folder"
+    more = f" and {len(names) - SHOWN_ENTRIES} more" if len(names) > SHOWN_ENTRIES else ""
+    return f"a folder holding {', '.join(names[:SHOWN_ENTRIES])}{more}"
+
+
+def nearest_existing(path: Path) -> Path:
+    p = Path(path).absolute()
+    while not (p.exists() or p.is_symlink()):
+        p = p.parent
+    return p
+
+
+def check_writable(path, option: str, folder=None) -> None:
+    """Refuse ``path`` (given as ``option=``) when the folder it is written in (``folder``; default its
+    parent) cannot be created or written: one of its parents is a file, or the nearest existing one is
+    read-only. Creates nothing, so a writer calls it before the expensive part, not after it."""
+    p = Path(path)
+    base = nearest_existing(p.parent if folder is None else folder)
+    if not base.is_dir():
+        raise FileExistsError(f"{option}={p} cannot be created: {base} is a file; choose another {option}=")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise PermissionError(f"{option}={p} cannot be written: {base} is read-only for this user; "
+                              f"make it writable or choose another {option}=")
+
+
 # ------------------------------------------------------------------------------------- atomic writing
 # Siblings of an output path PATH while it is written: ".PATH.tmp-<pid>-<token>" (the new data being
 # written), ".PATH.old-<pid>-<token>" (the complete previous data, moved aside for a moment) and
@@ -253,7 +291,7 @@ def _discard(p: Path, final: Path) -> None:
 def recover_output(path: str | os.PathLike) -> Path | None:
     """Clean up after writers of ``path`` that were killed: if ``path`` is missing but a complete
     previous dataset waits under a .old name, rename it back; delete stale .tmp/.old/.del siblings.
-    Every write through :func:`atomic_output` (and ``datasets.generate``) calls this first.
+    Every write through :func:`atomic_output` (and :func:`datasets.generate.generate`) calls this first.
     Returns the restored .old path, if any."""
     final = Path(path)
     stale = stale_siblings(final)

@@ -1,9 +1,10 @@
 """Write any dataset the package reads as a LeRobotDataset v3.0.
 
-    python -m datasets.export src=data/pusht/demos.zarr out=data/pusht/demos_lerobot
-    python -m datasets.export src=data/lift/ph_image.hdf5 out=data/lift/lerobot codec=h264 overwrite=true
+    python export_dataset.py src=data/pusht/demos.zarr out=data/pusht/demos_lerobot
+    python export_dataset.py src=data/lift/ph_image.hdf5 out=data/lift/lerobot codec=h264 overwrite=true
 
-Options: ExportConfig below. Feature names come from the task's ``dataset.features``
+Options: ExportConfig below (export_dataset.py is the command line, this module the library it
+calls). Feature names come from the task's ``dataset.features``
 (configs/task/<task>.yaml, lerobot/pusht's names for PushT), so ``task.dataset.path=OUT`` trains
 on the export as it is. Images become one mp4 per camera (AV1 by default, as lerobot writes, or
 H.264) whose frame i lies at exactly i/fps s; low-dim keys and actions go to data/ parquet.
@@ -13,12 +14,10 @@ Output goes to a temporary folder renamed at the end; an existing ``out`` is rep
 from __future__ import annotations
 
 import json
-import os
-import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -33,6 +32,9 @@ SVT_LOG_ERRORS = "1"
 SVTAV1_PRESET = "12"  # lerobot's default: the fastest preset
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)  # lerobot's stats.json carries q01 ... q99
 EPISODE_FILE = f"{EPISODES_DIR}/chunk-000/file-000.parquet"  # one file: our datasets are small
+STATS_BLOCK = 256  # frames per block of the image statistics: no full float copy of the video
+# info.json's chunking and file-size settings: lerobot's defaults, which its own writer records
+FILE_LIMITS = {"chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200}
 
 
 @dataclass
@@ -65,19 +67,6 @@ def source_task(data: EpisodeData) -> str | None:
     return None
 
 
-def load_task(name: str):
-    """configs/task/<name>.yaml as a TaskConfig (its fps and dataset.features)."""
-    from omegaconf import OmegaConf
-
-    from core.config import CONFIG_DIR, TaskConfig
-
-    path = CONFIG_DIR / "task" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (CONFIG_DIR / "task").glob("*.yaml"))
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(known)}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig), OmegaConf.load(path)))
-
-
 def _feature_spec(arr: np.ndarray, fps: int, codec: str) -> dict:
     if is_image(arr.shape):
         h, w, c = arr.shape[1:]
@@ -93,8 +82,8 @@ def _stats(arr: np.ndarray) -> dict:
         c = arr.shape[-1]
         mean, sq = np.zeros(c), np.zeros(c)
         lo, hi = arr.reshape(-1, c).min(0) / 255.0, arr.reshape(-1, c).max(0) / 255.0
-        for s in range(0, len(arr), 256):  # (B, H, W, C) blocks: no full float copy of the video
-            block = arr[s : s + 256].reshape(-1, c).astype(np.float64) / 255.0
+        for s in range(0, len(arr), STATS_BLOCK):  # (B, H, W, C) blocks
+            block = arr[s : s + STATS_BLOCK].reshape(-1, c).astype(np.float64) / 255.0
             mean += block.sum(0)
             sq += (block**2).sum(0)
         n = arr.size // c
@@ -225,7 +214,7 @@ def write_lerobot(out, data: EpisodeData, names: dict[str, str], *, fps: int, ta
         info = {
             "codebase_version": CODEBASE_VERSION, "robot_type": data.meta.get("robot_type"),
             "total_episodes": data.num_episodes, "total_frames": data.num_frames, "total_tasks": 1,
-            "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200, "fps": fps,
+            **FILE_LIMITS, "fps": fps,
             "splits": {"train": f"0:{data.num_episodes}"}, "data_path": DATA_PATH,
             "video_path": VIDEO_PATH if videos else None, "features": features,
         }
@@ -233,7 +222,9 @@ def write_lerobot(out, data: EpisodeData, names: dict[str, str], *, fps: int, ta
     return out
 
 
-def export(cfg: ExportConfig) -> dict:
+def export(cfg: ExportConfig, load_task: Callable[[str], Any]) -> dict:
+    """Export ``cfg.src`` to ``cfg.out``; ``load_task(name)`` gives the task's config (its ``fps`` and
+    ``dataset.features``: ``core.config.load_task`` in the command, since the data layer reads no configs)."""
     from .factory import read_dataset
 
     src, out = Path(cfg.src), Path(cfg.out)
@@ -254,29 +245,8 @@ def export(cfg: ExportConfig) -> dict:
             "frames": data.num_frames, "features": names, "codec": cfg.codec}
 
 
-def run(cfg: ExportConfig) -> dict:
-    report = export(cfg)
+def run(cfg: ExportConfig, load_task: Callable[[str], Any]) -> dict:
+    """What export_dataset.py does with an ExportConfig: export, print the report."""
+    report = export(cfg, load_task)
     print(json.dumps(report, indent=2))
     return report
-
-
-def main(argv: list[str] | None = None) -> None:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from core.cli import run_command
-
-    args = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("SVT_LOG", SVT_LOG_ERRORS)  # SVT-AV1 prints its whole configuration otherwise
-    try:
-        cfg = OmegaConf.merge(OmegaConf.structured(ExportConfig), OmegaConf.from_dotlist(args))
-    except OmegaConfBaseException as exc:
-        options = ", ".join(f.name for f in fields(ExportConfig))
-        print(f"python -m datasets.export: error: {str(exc).splitlines()[0]} (options: {options}; see ExportConfig "
-              f"in datasets/export.py)", file=sys.stderr)
-        raise SystemExit(1) from None
-    run_command("python -m datasets.export", run, cfg)
-
-
-if __name__ == "__main__":
-    main()

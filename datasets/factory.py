@@ -13,11 +13,11 @@ _COUNT_IN_NAME = re.compile(r"demos(\d+)$")
 
 def generate_command(task_name: str, path) -> str:
     """The command that writes the dataset a task reads at ``path`` (as many demonstrations as its name says)."""
-    from core.config import GenerateConfig
+    from .generate import GenerateConfig
 
     m = _COUNT_IN_NAME.search(Path(path).stem)
     count = int(m[1]) if m else GenerateConfig.num_episodes
-    return f"python -m datasets.generate task={task_name} num_episodes={count} out={path}"
+    return f"python generate_demos.py task={task_name} num_episodes={count} out={path}"
 
 
 def read_dataset(path, fmt: str | None = None, obs_keys: list[str] | None = None,

@@ -1,9 +1,10 @@
 """Generate demonstrations with a scripted expert and write them in the public layout.
 
-    python -m datasets.generate task=pusht num_episodes=200 out=data/pusht/demos.zarr workers=2
-    python -m datasets.generate task=lift num_episodes=200 workers=2    # out= defaults to the task's dataset path
+    python generate_demos.py task=pusht num_episodes=200 out=data/pusht/demos.zarr workers=2
+    python generate_demos.py task=lift num_episodes=200 workers=2    # out= defaults to the task's dataset path
 
-Options: GenerateConfig in core/config.py (`python -m datasets.generate task=lift --cfg job`).
+Options: GenerateConfig below (`python generate_demos.py task=lift --cfg job`); generate_demos.py is
+the command line, this module the library it calls.
 
 Seeds ``seed, seed+1, ...`` are tried in order and the first ``num_episodes`` successful ones
 are kept, so the result is the same for any number of workers. Failed attempts are dropped.
@@ -18,18 +19,43 @@ import importlib
 import json
 import multiprocessing as mp
 import signal
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
+from omegaconf import MISSING
 
-from core.preflight import check_output_file, contents
 from envs.factory import EVAL_SEED_START
 
-from .episodes import recover_output
+from .episodes import check_writable, contents, recover_output
 
 TASKS = {"pusht": "envs.experts.pusht", "lift": "envs.experts.lift", "can": "envs.experts.can"}
+GENERATOR = "datasets.generate"  # recorded in a PushT dataset's attributes: the module that wrote it
+EXTRA_ATTEMPTS = 20  # attempts beyond twice the episodes asked for, before max_attempts= is needed
+
+
+@dataclass
+class GenerateConfig:
+    """``python generate_demos.py task=...``: scripted demonstrations in the public layout."""
+
+    # the task's config (configs/task/<name>.yaml; core.config registers it as a TaskConfig): the
+    # generator reads its name, and out= its dataset path
+    task: Any = MISSING
+    num_episodes: int = 200
+    out: str = "${task.dataset.path}"  # where training reads the task's data by default
+    workers: int = 1
+    seed: int = 0  # first initial-state seed; seeds stay below EVAL_SEED_START
+    overwrite: bool = False
+    max_attempts: Optional[int] = None  # default 2 * num_episodes + EXTRA_ATTEMPTS
+    image_size: Optional[int] = None  # camera size (default: the environment's)
+
+    def __post_init__(self):
+        for name, low in (("num_episodes", 1), ("workers", 1), ("max_attempts", 1), ("image_size", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
 
 
 def _ignore_sigint() -> None:
@@ -49,7 +75,7 @@ def _is_dataset(out: Path, task: str) -> bool:
 
 def check_out(out: Path, task: str, overwrite: bool) -> None:
     """Before any episode: ``out`` can be written, and holds nothing or (overwrite=true) a dataset."""
-    check_output_file(out, "out")
+    check_writable(out, "out")
     if not (out.exists() or out.is_symlink()):
         return
     if not overwrite:
@@ -72,21 +98,47 @@ def _collect(job):
 
 def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int = 0, overwrite: bool = False,
              max_attempts: int | None = None, image_size: int | None = None, progress: bool = True) -> dict:
-    from tqdm import tqdm
+    """Run the task's scripted expert on seeds ``seed, seed+1, ...`` until ``num_episodes`` succeed,
+    write them to ``out`` and return the report (also stored in the dataset's attributes)."""
+    out = Path(out)
+    max_attempts = _check_request(task, num_episodes, out, overwrite, seed, max_attempts)
+    t0 = time.perf_counter()
+    kept, failed, errors = _collect_episodes(task, num_episodes, range(seed, seed + max_attempts), image_size,
+                                             workers, progress)
+    seconds = time.perf_counter() - t0
+    if len(kept) < num_episodes:
+        raise RuntimeError(
+            f"only {len(kept)} of {num_episodes} episodes succeeded in {max_attempts} attempts "
+            f"(errors: {errors[:3]}); raise max_attempts= or check the expert"
+        )
+    infos = [ep.pop("info", {}) for ep in kept]  # the per-episode info goes to the report, not the arrays
+    report = _report(task, kept, infos, len(failed), seconds, seed)
+    _write(task, out, kept, infos, report, overwrite, image_size)
+    report["out"] = str(out)
+    return report
 
+
+def _check_request(task: str, num_episodes: int, out: Path, overwrite: bool, seed: int, max_attempts: int | None) -> int:
+    """Every check, before the first episode (a refusal after an hour of generation wastes the hour);
+    returns the number of seeds to try."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
-    out = Path(out)
     recover_output(out)  # a killed earlier run may have left the previous dataset aside: put it back first
-    check_out(out, task, overwrite)  # fail before the expensive part, not after it
-    max_attempts = max_attempts or 2 * num_episodes + 20
+    check_out(out, task, overwrite)
+    max_attempts = max_attempts or 2 * num_episodes + EXTRA_ATTEMPTS
     if seed + max_attempts > EVAL_SEED_START:
         raise ValueError(f"seeds {seed}..{seed + max_attempts} would reach the evaluation seeds (>= {EVAL_SEED_START}); lower seed=")
-    jobs = [(task, s, image_size) for s in range(seed, seed + max_attempts)]
+    return max_attempts
+
+
+def _collect_episodes(task: str, num_episodes: int, seeds, image_size: int | None, workers: int, progress: bool):
+    """(kept episodes, failed seeds, error lines): the first ``num_episodes`` successes in seed order."""
+    from tqdm import tqdm
+
+    jobs = [(task, s, image_size) for s in seeds]
     kept, failed, errors = [], [], []
-    t0 = time.perf_counter()
     bar = tqdm(total=num_episodes, desc=f"generate {task}", unit="demo", disable=not progress, dynamic_ncols=True)
     pool = mp.get_context("spawn").Pool(workers, initializer=_ignore_sigint) if workers > 1 else None
     try:
@@ -104,62 +156,48 @@ def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int =
                 break
     finally:
         if pool:
-            pool.terminate()
+            pool.terminate()  # the pool may still run attempts beyond the last one needed
         bar.close()
-    seconds = time.perf_counter() - t0
-    if len(kept) < num_episodes:
-        raise RuntimeError(
-            f"only {len(kept)} of {num_episodes} episodes succeeded in {max_attempts} attempts "
-            f"(errors: {errors[:3]}); raise max_attempts= or check the expert"
-        )
-    infos = [ep.pop("info", {}) for ep in kept]
-    attempts = len(kept) + len(failed)
+    return kept, failed, errors
+
+
+def _report(task: str, kept: list, infos: list, num_failed: int, seconds: float, seed: int) -> dict:
+    attempts = len(kept) + num_failed
     report = {
         "task": task, "episodes": len(kept), "attempts": attempts, "expert_success_rate": len(kept) / attempts,
         "seconds": seconds, "seconds_per_attempt": seconds / attempts, "seed_start": seed,
         "mean_steps": float(np.mean([len(ep["action" if task == "pusht" else "actions"]) for ep in kept])),
     }
-    if infos and "max_coverage" in infos[0]:
+    if infos and "max_coverage" in infos[0]:  # PushT's expert reports how much of the goal it covered
         report["mean_max_coverage"] = float(np.mean([i["max_coverage"] for i in infos]))
-    attrs = {"task": task, "generator": "datasets.generate", "seeds": [i.get("seed") for i in infos], "report": report}
-    if task == "pusht":
-        from .zarr_replay import write_pusht_zarr
-
-        write_pusht_zarr(out, kept, overwrite=overwrite, attrs=attrs)
-    else:
-        from envs.robosuite_tasks import RobosuiteEnv
-
-        from .robomimic_hdf5 import write_robomimic_hdf5
-
-        env_kwargs = {} if image_size is None else {"image_size": image_size}
-        env = RobosuiteEnv(task, **env_kwargs)
-        try:
-            env_meta = env.env_meta()
-        finally:
-            env.close()
-        write_robomimic_hdf5(out, kept, env_meta, overwrite=overwrite)
-    report["out"] = str(out)
     return report
 
 
-def run(cfg) -> dict:
-    """What the command does with a GenerateConfig: generate, print the report."""
+def _write(task: str, out: Path, kept: list, infos: list, report: dict, overwrite: bool, image_size: int | None) -> None:
+    """The task's format: a PushT zarr replay buffer, or a robomimic hdf5 file with the environment's
+    metadata (robomimic rebuilds the environment from it)."""
+    if task == "pusht":
+        from .zarr_replay import write_pusht_zarr
+
+        attrs = {"task": task, "generator": GENERATOR, "seeds": [i.get("seed") for i in infos], "report": report}
+        write_pusht_zarr(out, kept, overwrite=overwrite, attrs=attrs)
+        return
+    from envs.robosuite_tasks import RobosuiteEnv
+
+    from .robomimic_hdf5 import write_robomimic_hdf5
+
+    env_kwargs = {} if image_size is None else {"image_size": image_size}
+    env = RobosuiteEnv(task, **env_kwargs)
+    try:
+        env_meta = env.env_meta()
+    finally:
+        env.close()
+    write_robomimic_hdf5(out, kept, env_meta, overwrite=overwrite)
+
+
+def run(cfg: GenerateConfig) -> dict:
+    """What generate_demos.py does with a GenerateConfig: generate, print the report."""
     report = generate(cfg.task.name, cfg.num_episodes, cfg.out, workers=cfg.workers, seed=cfg.seed, overwrite=cfg.overwrite,
                       max_attempts=cfg.max_attempts, image_size=cfg.image_size)
     print(json.dumps(report, indent=2))
     return report
-
-
-def main() -> None:
-    import hydra
-
-    from core.cli import run_command
-    from core.config import CONFIG_DIR, register_configs
-
-    register_configs()
-    hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="generate")(
-        lambda cfg: run_command("python -m datasets.generate", run, cfg))()
-
-
-if __name__ == "__main__":
-    main()

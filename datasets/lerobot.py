@@ -232,7 +232,7 @@ def read_lerobot(path, keys: list[str] | None = None, features: dict[str, str] |
             data[key] = _read_video_key(root, info, name, episodes, rows["timestamp"][:, 0], ends)
         elif dtype == "image":  # PNG bytes in parquet: lerobot writes these only with use_videos=False
             raise ValueError(f"{root}: feature {name!r} stores images in parquet; only video features are read: "
-                             f"write the dataset with use_videos=True (or export it with python -m datasets.export)")
+                             f"write the dataset with use_videos=True (or export it with python export_dataset.py)")
         else:
             check_finite(rows[name], root, name, episode_ends=ends)
             data[key] = rows[name].astype(np.float32)

@@ -38,7 +38,7 @@ from datasets.episodes import (
 )
 
 FORMAT = "robomimic_hdf5"
-GENERATE_HINT = "python -m datasets.generate task=lift num_episodes=200 out={path}"
+GENERATE_HINT = "python generate_demos.py task=lift out={path}"  # num_episodes= defaults to GenerateConfig's
 REQUIRED_DEMO_KEYS = ("actions", "obs")
 IMAGE_COMPRESSION = dict(compression="gzip", compression_opts=4)
 _DEMO_RE = re.compile(r"^demo_(\d+)$")
@@ -195,7 +195,7 @@ def _open(path: str | os.PathLike) -> h5py.File:
 
 
 def is_robomimic_hdf5(path) -> bool:
-    """Whether ``path`` is a robomimic file (what ``datasets.generate overwrite=true`` may replace)."""
+    """Whether ``path`` is a robomimic file (what ``generate_demos.py overwrite=true`` may replace)."""
     p = Path(path)
     if not p.is_file() or not h5py.is_hdf5(p):
         return False
@@ -321,46 +321,19 @@ def read_robomimic_hdf5(
         if not demos:
             raise RobomimicFormatError(f"{path}: mask/{filter_key} selects no demos")
         data = f["data"]
-        available = sorted(data[demos[0]]["obs"].keys())
-        keys = list(available) if obs_keys is None else list(obs_keys)
-        missing = [k for k in keys if k not in available]
-        if missing:
-            raise MissingObsKeyError(f"{path}: observation key(s) {missing} not present; available obs keys: {available}",
-                                     missing)
+        keys = _obs_keys(data[demos[0]], obs_keys, path)
         lengths = [_num_samples(data[d]) for d in demos]
         used = [(d, n) for d, n in zip(demos, lengths) if n > 0]
         skipped = [d for d, n in zip(demos, lengths) if n <= 0]
         if not used:
             raise RobomimicFormatError(f"{path}: all selected demos are empty")
-        total = sum(n for _, n in used)
-        first = data[used[0][0]]
         sources = {"action": "actions", **{k: f"obs/{k}" for k in keys}}
-        out, image_cases = {}, {}
-        for name, src in sources.items():
-            ds = first[src]
-            dtype = _as_float32(ds.dtype)
-            if is_image(ds.shape):  # decided on a sample; every demo is checked as it is read
-                image_cases[name] = _image_case(data, used, src, path)
-                dtype = np.dtype(np.uint8)
-            out[name] = np.empty((total,) + ds.shape[1:], dtype=dtype)
+        out, image_cases = _allocate(data, used, sources, path)
         start = 0
-        for i, (d, n) in enumerate(used):
-            g = data[d]
+        for i, (d, n) in enumerate(used):  # one demo at a time into the flat arrays: no per-demo copies kept
             for name, src in sources.items():
-                if src not in g:
-                    found = list(g.keys()) + ([f"obs/{k}" for k in g["obs"].keys()] if "obs" in g else [])
-                    raise _layout_error(path, f"data/{d}/{src}", found)
-                ds = g[src]
-                if ds.shape[0] < n or ds.shape[1:] != out[name].shape[1:]:
-                    raise RobomimicFormatError(
-                        f"{path}: data/{d}/{src} has shape {ds.shape}, expected ({n}, *{out[name].shape[1:]})"
-                    )
-                block = _read(ds, path, n, episode=i)
-                if name in image_cases:
-                    block = image_to_uint8(block, image_cases[name], path, src, f" in episode {i} (data/{d})")
-                else:
-                    check_finite(block, path, src, episode=i, label=f"data/{d}")
-                out[name][start : start + n] = block
+                out[name][start : start + n] = _demo_block(data[d], d, i, n, src, out[name].shape[1:],
+                                                           image_cases.get(name), path)
             start += n
         env_args = _env_args(f)
     meta = {
@@ -376,6 +349,49 @@ def read_robomimic_hdf5(
     return EpisodeData(out, np.cumsum([n for _, n in used]), meta)
 
 
+def _obs_keys(first: h5py.Group, obs_keys: list[str] | None, path) -> list[str]:
+    """The keys to read: ``obs_keys``, each refused in one message if the first demo lacks it."""
+    available = sorted(first["obs"].keys())
+    keys = list(available) if obs_keys is None else list(obs_keys)
+    missing = [k for k in keys if k not in available]
+    if missing:
+        raise MissingObsKeyError(f"{path}: observation key(s) {missing} not present; available obs keys: {available}",
+                                 missing)
+    return keys
+
+
+def _allocate(data: h5py.Group, used: list[tuple[str, int]], sources: dict[str, str], path):
+    """The flat output arrays (all demos' frames, shaped and typed as the first demo's key), and the
+    image encoding of each image key, so every demo's frames are converted the same way."""
+    total = sum(n for _, n in used)
+    first = data[used[0][0]]
+    out, image_cases = {}, {}
+    for name, src in sources.items():
+        ds = first[src]
+        dtype = _as_float32(ds.dtype)
+        if is_image(ds.shape):  # decided on a sample; every demo is checked as it is read
+            image_cases[name] = _image_case(data, used, src, path)
+            dtype = np.dtype(np.uint8)
+        out[name] = np.empty((total,) + ds.shape[1:], dtype=dtype)
+    return out, image_cases
+
+
+def _demo_block(g: h5py.Group, d: str, i: int, n: int, src: str, shape: tuple, case: str | None, path) -> np.ndarray:
+    """Demo ``d``'s (episode ``i``) first ``n`` frames of ``src``, checked: present, of the first
+    demo's frame shape, finite (low-dim) or converted to uint8 (images)."""
+    if src not in g:
+        found = list(g.keys()) + ([f"obs/{k}" for k in g["obs"].keys()] if "obs" in g else [])
+        raise _layout_error(path, f"data/{d}/{src}", found)
+    ds = g[src]
+    if ds.shape[0] < n or ds.shape[1:] != shape:
+        raise RobomimicFormatError(f"{path}: data/{d}/{src} has shape {ds.shape}, expected ({n}, *{shape})")
+    block = _read(ds, path, n, episode=i)
+    if case is not None:
+        return image_to_uint8(block, case, path, src, f" in episode {i} (data/{d})")
+    check_finite(block, path, src, episode=i, label=f"data/{d}")
+    return block
+
+
 def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
     """Summary for ``python -m datasets.describe``: episodes, frames, key shapes/dtypes (and each image
     key's encoding), action range, env name, masks; what the reader would refuse is listed under
@@ -386,57 +402,16 @@ def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
         env_args = _env_args(f)
         lengths = np.array([_num_samples(data[d]) for d in demos])
         g0 = data[demos[0]]
-        keys = {}
-
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                keys[name] = {
-                    "shape": list(obj.shape[1:]),
-                    "dtype": str(obj.dtype),
-                    "compression": obj.compression,
-                }
-
-        g0.visititems(visit)
-        problems = []
+        keys = _key_summary(g0)
         used = [(d, n) for d, n in zip(demos, lengths) if n > 0]
         obs_keys = sorted(g0["obs"].keys()) if "obs" in g0 else []
         image_srcs = [f"obs/{k}" for k in obs_keys if is_image(g0["obs"][k].shape)]
-        for src in image_srcs:  # the reader's rules, judged on the same sample it uses
-            keys[src]["image"] = "refused"
-            try:
-                keys[src]["image"] = IMAGE_CASES[_image_case(data, used, src, path, warn=False)] if used else IMAGE_CASES["uint8"]
-            except ValueError as exc:
-                problems.append(str(exc))
+        problems = _image_problems(data, used, image_srcs, keys, path)
         lowdim = ["actions"] + [f"obs/{k}" for k in obs_keys if f"obs/{k}" not in image_srcs]
-        for src in lowdim:  # report the first demo with NaN/inf per key, as the reader would refuse it
-            for i, (d, n) in enumerate(used):
-                if src not in data[d]:
-                    continue
-                try:
-                    check_finite(np.asarray(_read(data[d][src], path, n, episode=i)), path, src, episode=i, label=f"data/{d}")
-                except ValueError as exc:
-                    problems.append(str(exc))
-                    break
-        a_min = a_max = None
-        for i, (d, n) in enumerate(zip(demos, lengths)):
-            for src in (s for s in image_srcs if s in data[d]):  # every chunk decompressed, as training would
-                try:
-                    _read(data[d][src], path, n, episode=i)
-                except ValueError as exc:
-                    problems.append(str(exc))
-            try:
-                a = np.asarray(_read(data[d]["actions"], path, episode=i))
-            except ValueError:  # listed above
-                continue
-            if a.size == 0:
-                continue
-            lo, hi = a.min(axis=0), a.max(axis=0)
-            a_min = lo if a_min is None else np.minimum(a_min, lo)
-            a_max = hi if a_max is None else np.maximum(a_max, hi)
-        masks = {}
-        if "mask" in f:
-            for m in f["mask"].keys():
-                masks[m] = int(f["mask"][m].shape[0])
+        problems += _lowdim_problems(data, used, lowdim, path)
+        chunk_problems, a_min, a_max = _full_read(data, demos, lengths, image_srcs, path)
+        problems += chunk_problems
+        masks = {m: int(f["mask"][m].shape[0]) for m in f["mask"].keys()} if "mask" in f else {}
         return {
             "path": str(path),
             "format": FORMAT,
@@ -459,6 +434,68 @@ def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
             "masks": masks,
             "size_mb": round(os.path.getsize(path) / 2**20, 2),
         }
+
+
+def _key_summary(g0: h5py.Group) -> dict:
+    """Every dataset of the first demo (``obs/agentview_image``, ``actions`` ...): frame shape, dtype, compression."""
+    keys = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            keys[name] = {"shape": list(obj.shape[1:]), "dtype": str(obj.dtype), "compression": obj.compression}
+
+    g0.visititems(visit)
+    return keys
+
+
+def _image_problems(data: h5py.Group, used: list[tuple[str, int]], image_srcs: list[str], keys: dict, path) -> list[str]:
+    """Each image key's encoding (into ``keys``), by the reader's rules on the same sample it uses;
+    the refusals the reader would raise, as messages."""
+    problems = []
+    for src in image_srcs:
+        keys[src]["image"] = "refused"
+        try:
+            keys[src]["image"] = IMAGE_CASES[_image_case(data, used, src, path, warn=False)] if used else IMAGE_CASES["uint8"]
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def _lowdim_problems(data: h5py.Group, used: list[tuple[str, int]], lowdim: list[str], path) -> list[str]:
+    """The first demo with NaN/inf per low-dim key, as the reader would refuse it."""
+    problems = []
+    for src in lowdim:
+        for i, (d, n) in enumerate(used):
+            if src not in data[d]:
+                continue
+            try:
+                check_finite(np.asarray(_read(data[d][src], path, n, episode=i)), path, src, episode=i, label=f"data/{d}")
+            except ValueError as exc:
+                problems.append(str(exc))
+                break
+    return problems
+
+
+def _full_read(data: h5py.Group, demos: list[str], lengths: np.ndarray, image_srcs: list[str], path):
+    """(problems, action min, action max): every image chunk decompressed, as training would (a damaged
+    chunk anywhere is found), and the action range over all demos."""
+    problems, a_min, a_max = [], None, None
+    for i, (d, n) in enumerate(zip(demos, lengths)):
+        for src in (s for s in image_srcs if s in data[d]):
+            try:
+                _read(data[d][src], path, n, episode=i)
+            except ValueError as exc:
+                problems.append(str(exc))
+        try:
+            a = np.asarray(_read(data[d]["actions"], path, episode=i))
+        except ValueError:  # listed by _lowdim_problems
+            continue
+        if a.size == 0:
+            continue
+        lo, hi = a.min(axis=0), a.max(axis=0)
+        a_min = lo if a_min is None else np.minimum(a_min, lo)
+        a_max = hi if a_max is None else np.maximum(a_max, hi)
+    return problems, a_min, a_max
 
 
 if __name__ == "__main__":

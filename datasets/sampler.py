@@ -11,6 +11,11 @@ import torch
 
 from .episodes import EpisodeData
 
+# epoch e of a run seeded s draws its permutation from seed s * EPOCH_SEED_STRIDE + e: a prime far above any
+# run's epoch count, so two (seed, epoch) pairs never share a stream (s + e would give seed 1's epoch 0 to
+# seed 0's epoch 1)
+EPOCH_SEED_STRIDE = 1_000_003
+
 
 def window_indices(episode_ends: np.ndarray, episodes: np.ndarray, horizon: int, pad_before: int, pad_after: int) -> np.ndarray:
     """Global frame indices (num_windows, horizon) with edge padding by clipping into the episode."""
@@ -106,7 +111,7 @@ class StepBatchSampler(torch.utils.data.Sampler):
         self.batches_per_epoch = max(1, per_rank // batch_size) if per_rank >= batch_size else 1
 
     def _epoch(self, epoch: int) -> list[list[int]]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        g = torch.Generator().manual_seed(self.seed * EPOCH_SEED_STRIDE + epoch)
         perm = torch.randperm(self.num_samples, generator=g)
         if len(perm) < self.world_size:  # fewer windows than processes: everyone repeats them
             perm = perm.repeat(self.world_size)

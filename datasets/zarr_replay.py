@@ -34,6 +34,8 @@ from .factory import generate_command
 
 PUSHT_KEYS = {"img": 4, "state": 2, "action": 2, "keypoint": 3, "n_contacts": 2}  # key -> ndim
 REQUIRED_KEYS = ("img", "state", "action")
+TIME_CHUNK = 161  # frames per chunk along time (write_pusht_zarr chunks like the public file)
+READ_BLOCK_ROWS = 512  # frames per block (rounded to whole chunks) when a key is read or checked piecewise
 
 
 def write_pusht_zarr(path, episodes: list[dict[str, np.ndarray]], overwrite: bool = False, attrs: dict | None = None) -> Path:
@@ -62,7 +64,7 @@ def write_pusht_zarr(path, episodes: list[dict[str, np.ndarray]], overwrite: boo
             else:
                 arr = arr.astype(np.float32)
             # chunk along time like the public file: a training window touches one chunk
-            chunks = (min(len(arr), 161),) + arr.shape[1:]
+            chunks = (min(len(arr), TIME_CHUNK),) + arr.shape[1:]
             data.create_array(key, shape=arr.shape, dtype=arr.dtype, chunks=chunks)[...] = arr
         meta = root.create_group("meta")
         meta.create_array("episode_ends", shape=ends.shape, dtype=np.int64)[...] = ends
@@ -83,7 +85,7 @@ def _open(path) -> zarr.Group:
 
 
 def is_pusht_zarr(path) -> bool:
-    """Whether ``path`` holds a replay buffer (what ``datasets.generate overwrite=true`` may replace)."""
+    """Whether ``path`` holds a replay buffer (what ``generate_demos.py overwrite=true`` may replace)."""
     try:
         _check_layout(zarr.open_group(str(path), mode="r"), path)
     except Exception:  # not a zarr group, or another layout
@@ -176,7 +178,7 @@ def _sample(arr: zarr.Array, path, key: str, ends=None) -> np.ndarray:
 
 def verify_chunks(arr: zarr.Array, path, key: str, ends=None) -> None:
     """Decompress every chunk of ``arr`` (``datasets.describe``: what training would read)."""
-    rows = int(arr.chunks[0]) * max(1, 512 // int(arr.chunks[0])) if arr.ndim else None
+    rows = int(arr.chunks[0]) * max(1, READ_BLOCK_ROWS // int(arr.chunks[0])) if arr.ndim else None
     for s in range(0, arr.shape[0], rows) if arr.ndim else (0,):
         _read_rows(arr, path, key, ends, s, None if rows is None else s + rows)
 
@@ -191,7 +193,7 @@ def _read_image(arr: zarr.Array, path, key: str, ends: np.ndarray) -> np.ndarray
         warn_float01(path, key)
     out, n = np.empty(arr.shape, np.uint8), arr.shape[0]
     chunk = int(arr.chunks[0])
-    step = chunk * max(1, 512 // chunk)  # whole chunks: each is decompressed once
+    step = chunk * max(1, READ_BLOCK_ROWS // chunk)  # whole chunks: each is decompressed once
     for s in range(0, n, step):
         e = min(s + step, n)
         first, last = np.searchsorted(ends, [s, e - 1], side="right")

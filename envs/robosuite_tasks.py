@@ -57,6 +57,27 @@ class SimulationError(_rs_errors.SimulationError):
     """The MuJoCo simulation diverged or failed during ``step`` (the rollout should count a failure)."""
 
 
+def _robosuite_kwargs(robot: str, offscreen: bool, control_freq: int, horizon: int, controller_config: dict | None,
+                      seed: int | None) -> dict:
+    """``robosuite.make``'s arguments (also what ``env_meta`` records, so robomimic can rebuild the env)."""
+    if controller_config is None:
+        controller_config = load_composite_controller_config(controller="BASIC", robot=robot)
+    return dict(
+        has_renderer=False,
+        has_offscreen_renderer=offscreen,
+        ignore_done=True,
+        use_object_obs=True,
+        use_camera_obs=False,  # this wrapper renders the cameras itself (once per step, upright)
+        control_freq=control_freq,
+        horizon=horizon,
+        controller_configs=copy.deepcopy(controller_config),
+        robots=[robot],
+        reward_shaping=False,
+        hard_reset=False,  # a hard reset reloads the model and would drop the render settings
+        seed=seed,
+    )
+
+
 def _task_name(task: str) -> str:
     key = str(task).lower()
     if key in TASK_TO_ENV_NAME:
@@ -109,35 +130,25 @@ class RobosuiteEnv(gym.Env):
         self.max_episode_steps = int(max_episode_steps)
         self.robot = robot
         self.render_mode = "rgb_array"
-        if controller_config is None:
-            controller_config = load_composite_controller_config(controller="BASIC", robot=robot)
-        self._env_kwargs = dict(
-            has_renderer=False,
-            has_offscreen_renderer=bool(self.cameras),
-            ignore_done=True,
-            use_object_obs=True,
-            use_camera_obs=False,  # this wrapper renders the cameras itself (once per step, upright)
-            control_freq=int(control_freq),
-            horizon=int(horizon),
-            controller_configs=copy.deepcopy(controller_config),
-            robots=[robot],
-            reward_shaping=False,
-            hard_reset=False,  # a hard reset reloads the model and would drop the render settings
-            seed=seed,
-        )
+        self._env_kwargs = _robosuite_kwargs(robot, bool(self.cameras), int(control_freq), int(horizon),
+                                             controller_config, seed)
         self._env = robosuite.make(self.env_name, **self._env_kwargs)
         self._render_ready = False
         if self.cameras:
-            names = set(self._env.sim.model.camera_names)
-            missing = [c for c in self.cameras if c not in names]
-            if missing:
-                raise ValueError(f"unknown cameras {missing}; the model has {sorted(names)}")
+            self._check_cameras()
             self._ensure_render_context()
         self._steps = 0
         self._last_obs: dict | None = None
         self._needs_reset = True
+        self._set_spaces(self._reset_sim(seed))  # the low-dim shapes are read off a first observation
 
-        obs = self._reset_sim(seed)
+    def _check_cameras(self) -> None:
+        names = set(self._env.sim.model.camera_names)
+        missing = [c for c in self.cameras if c not in names]
+        if missing:
+            raise ValueError(f"unknown cameras {missing}; the model has {sorted(names)}")
+
+    def _set_spaces(self, obs: dict) -> None:
         spaces = {}
         for cam in self.cameras:
             spaces[f"{cam}_image"] = gym.spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8)
@@ -220,6 +231,9 @@ class RobosuiteEnv(gym.Env):
 
     def _render_camera(self, camera: str, size: int) -> np.ndarray:
         self._ensure_render_context()
+        # robosuite renders in whichever GL context is current, which with several environments in one
+        # process is another's (the newest one's, or none once one was closed): garbled or black frames
+        self._env.sim._render_context_offscreen.gl_ctx.make_current()
         img = self._env.sim.render(camera_name=camera, width=size, height=size)
         return np.ascontiguousarray(img[::-1])  # upright, as robomimic stores images
 
@@ -343,6 +357,9 @@ class RobosuiteEnv(gym.Env):
     def close(self):
         env = getattr(self, "_env", None)
         if env is not None:
+            ctx = getattr(env.sim, "_render_context_offscreen", None)
+            if ctx is not None:  # robosuite frees the MjrContext in the current GL context, which may be
+                ctx.gl_ctx.make_current()  # another environment's (its textures would go): make it this one's
             env.close()
             self._env = None
 

@@ -2,7 +2,7 @@
 
 A write goes: new data under ``.NAME.tmp-*``; the old dataset renamed to ``.NAME.old-*`` (a file is
 simply replaced); the new renamed into place; the old renamed to ``.NAME.del-*`` and deleted. The
-next write to the path (and ``datasets.generate`` before it starts) restores a lone ``.old-*`` and
+next write to the path (and ``datasets.generate.generate`` before it starts) restores a lone ``.old-*`` and
 deletes stale siblings. Kills here are real SIGKILLs of subprocesses, so no ``finally`` runs.
 """
 import json
@@ -195,14 +195,14 @@ def test_stale_siblings_are_cleaned_on_the_next_write(tmp_path):
 
 
 def test_generate_sigkilled_at_random_moments_never_leaves_a_partial_dataset(tmp_path):
-    """A real `python -m datasets.generate` (2 PushT episodes) SIGKILLed at random moments, several
+    """A real `python generate_demos.py` (2 PushT episodes) SIGKILLed at random moments, several
     of them just after its temporary output appears; after each kill the path holds nothing (first
     write) or a complete dataset of 2 episodes."""
     data_dir, work_dir = tmp_path / "data", tmp_path / "cwd"  # whatever the CLI writes in its cwd stays aside
     data_dir.mkdir()
     work_dir.mkdir()
     out = data_dir / "demos.zarr"
-    cmd = [sys.executable, "-m", "datasets.generate", "task=pusht", "num_episodes=2", f"out={out}",
+    cmd = [sys.executable, str(REPO / "generate_demos.py"), "task=pusht", "num_episodes=2", f"out={out}",
            "overwrite=true", "workers=1"]
     env = dict(os.environ, MUJOCO_GL="egl", PYTHONPATH=str(REPO))  # the package runs from its root, not site-packages
     rng = random.Random(0)

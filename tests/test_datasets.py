@@ -75,7 +75,7 @@ def _task(name, path, fmt, input_shapes, action_dim):
 
 def test_missing_dataset_names_generate_command(tmp_path):
     task = _task("pusht", tmp_path / "nope.zarr", "pusht_zarr", {"image": [3, 96, 96]}, 2)
-    with pytest.raises(FileNotFoundError, match="python -m datasets.generate task=pusht num_episodes=200 out=.*nope.zarr"):
+    with pytest.raises(FileNotFoundError, match="python generate_demos.py task=pusht num_episodes=200 out=.*nope.zarr"):
         make_dataset(task)
 
 

@@ -1,4 +1,4 @@
-"""LeRobotDataset v3.0 in and out: datasets.lerobot (reader), datasets.export (writer), checked
+"""LeRobotDataset v3.0 in and out: datasets.lerobot (reader), datasets.export (writer; export_dataset.py), checked
 against lerobot's own reader and writer (``ledataset``) where it is installed."""
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from core.config import load_task
 from datasets.describe import describe
 from datasets.episodes import EpisodeData
-from datasets.export import ExportConfig, export, load_task
+from datasets.export import ExportConfig, export
 from datasets.factory import guess_format, make_dataset, read_dataset
 from datasets.lerobot import read_lerobot
 from datasets.robomimic_hdf5 import write_robomimic_hdf5
@@ -64,7 +65,7 @@ def pusht_zarr(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(pusht_zarr, tmp_path_factory):
     out = tmp_path_factory.mktemp("le") / "pusht_lerobot"
-    export(ExportConfig(src=str(pusht_zarr), out=str(out)))
+    export(ExportConfig(src=str(pusht_zarr), out=str(out)), load_task)
     return out
 
 
@@ -80,7 +81,7 @@ def _assert_same(data: EpisodeData, source: EpisodeData, keys=("agent_pos", "act
 @pytest.mark.parametrize("codec", ["av1", "h264"])
 def test_export_reads_back_equal(pusht_zarr, tmp_path, codec):
     out = tmp_path / "le"
-    report = export(ExportConfig(src=str(pusht_zarr), out=str(out), codec=codec))
+    report = export(ExportConfig(src=str(pusht_zarr), out=str(out), codec=codec), load_task)
     assert report["episodes"] == len(LENGTHS) and report["frames"] == sum(LENGTHS) and report["fps"] == FPS
     assert guess_format(out) == "lerobot"
     info = json.loads((out / "meta/info.json").read_text())
@@ -133,7 +134,7 @@ def test_export_robomimic_hdf5(tmp_path):
     src = tmp_path / "lift.hdf5"
     write_robomimic_hdf5(src, episodes, {"env_name": "Lift", "env_version": "1.5.2", "type": 1, "env_kwargs": {}})
     out = tmp_path / "lift_le"
-    report = export(ExportConfig(src=str(src), out=str(out)))
+    report = export(ExportConfig(src=str(src), out=str(out)), load_task)
     assert report["task"] == "lift" and report["fps"] == load_task("lift").fps
     assert report["features"]["agentview_image"] == "observation.images.agentview"
     data = read_lerobot(out, ["agentview_image", "robot0_eef_pos"], load_task("lift").dataset.features)
@@ -148,27 +149,27 @@ def test_export_robomimic_hdf5(tmp_path):
 def test_export_refuses_to_overwrite(pusht_zarr, exported, tmp_path):
     before = (exported / "meta/info.json").read_text()
     with pytest.raises(FileExistsError, match="overwrite=true"):
-        export(ExportConfig(src=str(pusht_zarr), out=str(exported)))
+        export(ExportConfig(src=str(pusht_zarr), out=str(exported)), load_task)
     assert (exported / "meta/info.json").read_text() == before
     other = tmp_path / "not_lerobot"
     other.mkdir()
     (other / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="not a LeRobot dataset"):
-        export(ExportConfig(src=str(pusht_zarr), out=str(other), overwrite=True))
+        export(ExportConfig(src=str(pusht_zarr), out=str(other), overwrite=True), load_task)
     assert (other / "keep.txt").read_text() == "mine"
     copy = tmp_path / "copy"
     shutil.copytree(exported, copy)
     (copy / "stale.txt").write_text("old")
-    export(ExportConfig(src=str(pusht_zarr), out=str(copy), overwrite=True, codec="h264"))
+    export(ExportConfig(src=str(pusht_zarr), out=str(copy), overwrite=True, codec="h264"), load_task)
     assert not (copy / "stale.txt").exists() and "h264" in (copy / "meta/info.json").read_text()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
 
 
 def test_export_command_errors_are_one_line(tmp_path):
-    result = run_command(["-m", "datasets.export", f"src={tmp_path / 'missing.zarr'}", f"out={tmp_path / 'o'}"])
+    result = run_command(["export_dataset.py", f"src={tmp_path / 'missing.zarr'}", f"out={tmp_path / 'o'}"])
     assert result.returncode == 1 and result.stderr.strip().count("\n") == 0
     assert "missing.zarr does not exist" in result.stderr
-    result = run_command(["-m", "datasets.export", f"src={tmp_path}", "codec=vp9"])
+    result = run_command(["export_dataset.py", f"src={tmp_path}", "codec=vp9"])
     assert result.returncode == 1 and "out" in result.stderr and result.stderr.strip().count("\n") == 0
 
 

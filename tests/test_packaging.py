@@ -33,7 +33,7 @@ def _build(tmp_path) -> list:
     out.mkdir()
     for name in TOP_LEVEL:
         shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "train_policy.py", "rollout.py"):
+    for name in ("pyproject.toml", "README.md", "train_policy.py", "rollout.py", "generate_demos.py", "export_dataset.py"):
         shutil.copy(REPO / name, src / name)
     proc = subprocess.run([sys.executable, "-c", BUILD, str(out)], cwd=src, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

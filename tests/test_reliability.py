@@ -125,7 +125,7 @@ def test_read_only_run_dir_parent_is_one_line(tmp_path, tiny_pusht_zarr):
     assert "Traceback" not in proc.stderr and list(ro.iterdir()) == []
 
 
-# --- python -m datasets.generate overwrite=true replaces only a dataset --------------------------------------
+# --- generate_demos.py overwrite=true replaces only a dataset ------------------------------------------------
 def test_generate_overwrite_replaces_only_a_dataset(tmp_path, tiny_pusht_zarr):
     train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc"))
     with pytest.raises(FileExistsError, match=r"out=.*run is a folder holding .run, checkpoints/, config.json, tb/, not a PushT zarr"):
@@ -207,7 +207,7 @@ def test_the_missing_dataset_hint_writes_what_the_recipe_reads(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)  # the recipe's relative path does not exist here
     task = compose(["task=pusht", "policy=diffusion"]).task  # recipe=cpu, the default
     assert task.dataset.path == "data/pusht/demos1000.zarr"
-    with pytest.raises(FileNotFoundError, match=r"generate it with: python -m datasets.generate task=pusht "
+    with pytest.raises(FileNotFoundError, match=r"generate it with: python generate_demos.py task=pusht "
                                                 r"num_episodes=1000 out=data/pusht/demos1000.zarr$"):
         make_dataset(task)
 
@@ -331,8 +331,8 @@ def test_ctrl_c_in_a_rollout_is_one_line_saying_what_was_written(tmp_path, tiny_
 @pytest.mark.timeout(600)
 def test_ctrl_c_in_generation_is_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "g.zarr"
-    args = ["-m", "datasets.generate", "task=pusht", "num_episodes=1000", f"out={out}", "workers=2"]
+    args = ["generate_demos.py", "task=pusht", "num_episodes=1000", f"out={out}", "workers=2"]
     proc = _interrupt(args, lambda text: "1/1000" in text)
     assert proc.returncode == INTERRUPTED_EXIT and "Traceback" not in proc.stdout, proc.stdout
-    assert _last_line(proc.stdout) == "python -m datasets.generate: interrupted; nothing was written"
+    assert _last_line(proc.stdout) == "generate_demos.py: interrupted; nothing was written"
     assert list(tmp_path.iterdir()) == []

@@ -119,7 +119,7 @@ def test_missing_file_message(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
         read_robomimic_hdf5(path)
     msg = str(e.value)
-    assert str(path) in msg and f"python -m datasets.generate task=lift num_episodes=200 out={path}" in msg
+    assert str(path) in msg and f"python generate_demos.py task=lift out={path}" in msg
 
 
 def test_wrong_layout_lists_keys(tmp_path):

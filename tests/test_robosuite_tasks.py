@@ -91,6 +91,17 @@ def test_images_are_upright(lift_env):
     assert env.render(size=48).shape == (48, 48, 3)
 
 
+def test_frames_do_not_depend_on_other_environments_in_the_process(lift_env):
+    """robosuite renders in the current GL context: another environment built, then closed, in the
+    same process must not change this one's frames (it turned them nearly black)."""
+    before = lift_env.reset(seed=2)[0]["agentview_image"]
+    other = RobosuiteEnv("can", cameras=("agentview",), image_size=32)
+    np.testing.assert_array_equal(lift_env.reset(seed=2)[0]["agentview_image"], before)
+    other.close()
+    np.testing.assert_array_equal(lift_env.reset(seed=2)[0]["agentview_image"], before)
+    assert before.mean() > 50  # a lit scene, not an empty frame
+
+
 def test_seeded_reset_state_round_trip_and_meta(lift_env):
     env = lift_env
     a, _ = env.reset(seed=3)

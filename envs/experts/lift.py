@@ -20,6 +20,9 @@ from envs.robosuite_tasks import DEFAULT_CAMERAS, RobosuiteEnv, SimulationError
 POS_SCALE = 0.05
 ROT_SCALE = 0.5
 OPEN, CLOSE = -1.0, 1.0
+# second word of the scripts' seed [episode seed, NOISE_STREAM]: their action noise and per-episode
+# variations draw from a stream of their own, independent of the env's initial-state stream for that seed
+NOISE_STREAM = 7919
 
 _ENV_CACHE: dict[tuple, RobosuiteEnv] = {}
 
@@ -88,7 +91,7 @@ def record_episode(
     """Run a scripted expert from ``env.reset(seed=seed)`` and return robomimic-style arrays, or None."""
     t0 = time.perf_counter()
     obs, _ = env.reset(seed=seed)
-    rng = np.random.default_rng([int(seed), 7919])  # noise stream independent of the env's initial-state stream
+    rng = np.random.default_rng([int(seed), NOISE_STREAM])
     script = make_script(env, rng)
     obs_list, next_list, actions, states, rewards, dones = [], [], [], [], [], []
     success = False

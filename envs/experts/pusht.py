@@ -46,6 +46,16 @@ from envs.pusht import (
 
 KP, KV, DT, SUBSTEPS = 100.0, 20.0, 0.01, 10  # gym-pusht's PD gains, physics step, sub-steps per env step
 SUCCESS_COST = 1.0  # corner cost (px) at which we consider the block placed (coverage ~0.97+)
+# a push that places the block scores this (less its stop index): above any rate of progress, which is at
+# most the starting corner cost (a few hundred px) per step
+GOAL_SCORE = 1e3
+# second word of the expert's seed [episode seed, PLAN_STREAM]: its pace and choices draw from a stream of
+# their own, independent of the environment's initial-state stream for the same seed
+PLAN_STREAM = 0x9E37
+# the rest of a plan is dropped once the block is this far from where the plan predicted it (px, rad)
+DRIFT_PX, DRIFT_RAD = 4.0, 0.05
+# with no push that can be simulated, the agent moves to a random point this spread (px) around the middle
+WANDER_CENTRE, WANDER_SPREAD = np.array([WORKSPACE / 2, WORKSPACE / 2]), 40.0
 
 # (contact point, outward normal) in the block frame. Points near concave corners are kept far enough out
 # that the agent (radius 15) can reach them along the normal without touching the other part of the T.
@@ -260,7 +270,7 @@ class PushTExpert:
             # drop the rest of the plan if the world has drifted from the prediction
             px, py, pa = self._expect
             b = g.block
-            if math.hypot(b.position[0] - px, b.position[1] - py) > 4.0 or abs(b.angle - pa) > 0.05:
+            if math.hypot(b.position[0] - px, b.position[1] - py) > DRIFT_PX or abs(b.angle - pa) > DRIFT_RAD:
                 self._queue, self._pred = [], []
         if not self._queue:
             self._plan()
@@ -339,7 +349,7 @@ class PushTExpert:
         else:
             self.n_failed_plans += 1
             if not results:  # nothing could be simulated: wander towards the middle and try again
-                self._queue = [np.array([256.0, 256.0]) + rng.normal(0, 40, 2)]
+                self._queue = [WANDER_CENTRE + rng.normal(0, WANDER_SPREAD, 2)]
                 self._pred = []
                 return
             # no improving push: take a random one of the least bad to shake things up
@@ -352,10 +362,28 @@ class PushTExpert:
     def _verify(self, agent_pos, agent_vel, pose, touch, push_dir, start, speed, n_push, fine, app_speed):
         """Simulate approach + push + retreat from the true state. Returns (score, targets, predicted poses)
         where score is the corner-cost reduction per env step (> 0: improving) for the best stopping point."""
-        rng = self.rng
+        approach, preds, hold = self._approach(agent_pos, agent_vel, pose, start, fine, app_speed)
+        pushes = self._push_targets(touch, push_dir, speed, n_push)
+        # the push continues the approach's simulation as one uninterrupted run (keeps the solver's
+        # contact cache as in the real env) ...
+        states, push_preds = self._simulate_push(pushes)
+        # ... then, for every stopping point, a two-step retreat branch
+        outcomes = self._retreats(states, push_dir, self.rng.uniform(12.0, 24.0))
+        n_app = len(approach)
+        k, score = _best_stop([o[0] for o in outcomes], n_app, float(corner_cost(pose)))
+        c, back, p1, p2 = outcomes[k]
+        targets = list(approach) + pushes[: k + 1] + [back, back]
+        preds = preds + push_preds[: k + 1] + [p1, p2]
+        info = {"approach": n_app - hold, "hold": hold, "push": k + 1, "cost": c}
+        return score, targets, preds, info
+
+    def _approach(self, agent_pos, agent_vel, pose, start, fine, app_speed):
+        """(set-points, predicted block poses, settling steps) bringing the agent from its true state to
+        ``start`` around the T; the simulation is left at the approach's end. An approach that would move
+        the block is retried once at half the speed."""
         sim = self.sim
         path = _plan_path(pose, agent_pos, start)
-        for attempt in range(2):
+        for _ in range(2):
             approach = _carrot(path, app_speed, decel=3.0 if fine else 8.0)
             # let the agent settle at the start point (tighter in the fine phase)
             _, p_end, v_end = _agent_rollout(agent_pos, agent_vel, approach)
@@ -379,19 +407,24 @@ class PushTExpert:
             if not moved:
                 break
             app_speed *= 0.5
-        pushes = self._push_targets(touch, push_dir, speed, n_push)
-        # the push itself as one uninterrupted run (keeps the solver's contact cache as in the real env) ...
+        return approach, preds, hold
+
+    def _simulate_push(self, pushes):
+        """(simulator state, block pose) after each push step, stopping early once the block is placed."""
         states, push_preds = [], []
         for t in pushes:
-            sim.step(t[0], t[1])
-            states.append(sim.get_state())
-            push_preds.append(sim.block_pose())
+            self.sim.step(t[0], t[1])
+            states.append(self.sim.get_state())
+            push_preds.append(self.sim.block_pose())
             if corner_cost(np.array(push_preds[-1])) < SUCCESS_COST:
                 break
-        # ... then, for every stopping point, a two-step retreat branch
-        retreat_len = rng.uniform(12.0, 24.0)
+        return states, push_preds
+
+    def _retreats(self, states, push_dir, retreat_len):
+        """For each stopping point: (corner cost after a two-step retreat, retreat set-point, the two poses)."""
+        sim = self.sim
         outcomes = []
-        for k, state in enumerate(states):
+        for state in states:
             sim.set_state(state)
             back = np.array(state[:2]) - push_dir * retreat_len
             sim.step(back[0], back[1])
@@ -399,21 +432,21 @@ class PushTExpert:
             sim.step(back[0], back[1])
             p2 = sim.block_pose()
             outcomes.append((float(corner_cost(np.array(p2))), back, p1, p2))
-        n_app = len(approach)
-        cost0 = float(corner_cost(pose))
-        costs = np.array([o[0] for o in outcomes])
-        n_steps = n_app + np.arange(len(costs)) + 3
-        score = (cost0 - costs) / n_steps
-        done = np.flatnonzero(costs < SUCCESS_COST)
-        if len(done):  # reaching the goal beats any rate
-            k = int(done[0])
-            score[k] = 1e3 - k
-        k = int(np.argmax(score))
-        c, back, p1, p2 = outcomes[k]
-        targets = list(approach) + pushes[: k + 1] + [back, back]
-        preds = preds + push_preds[: k + 1] + [p1, p2]
-        info = {"approach": n_app - hold, "hold": hold, "push": k + 1, "cost": c}
-        return float(score[k]), targets, preds, info
+        return outcomes
+
+
+def _best_stop(costs, n_app: int, cost0: float) -> tuple[int, float]:
+    """(stopping point, score): the best corner-cost reduction per env step (approach, pushes up to the
+    stop, two retreat steps and one to spare), except that the first stop reaching the goal wins."""
+    costs = np.array(costs)
+    n_steps = n_app + np.arange(len(costs)) + 3
+    score = (cost0 - costs) / n_steps
+    done = np.flatnonzero(costs < SUCCESS_COST)
+    if len(done):  # reaching the goal beats any rate
+        k = int(done[0])
+        score[k] = GOAL_SCORE - k
+    k = int(np.argmax(score))
+    return k, float(score[k])
 
 
 def collect_episode(seed: int, *, max_steps: int = 300, image_size: int = 96) -> dict | None:
@@ -433,7 +466,7 @@ def run_episode(seed: int, *, max_steps: int = 300, image_size: int = 96, record
     ``cpu_seconds`` (process time, robust to a busy machine)."""
     t0, c0 = time.perf_counter(), time.process_time()
     env = PushTEnv(image_size=image_size, max_episode_steps=max_steps)
-    expert = PushTExpert(env, np.random.default_rng([int(seed), 0x9E37]))
+    expert = PushTExpert(env, np.random.default_rng([int(seed), PLAN_STREAM]))
     obs, info = env.reset(seed=int(seed))
     imgs, states, actions, kps, contacts = [], [], [], [], []
     max_cov = float(info["coverage"])

@@ -1,0 +1,69 @@
+"""The packages import downward only: the data layer (``datasets/``) and the environments (``envs/``)
+import no ``core``, no ``studies`` and no entry script, and ``policies/`` imports none of those nor
+``datasets``. Checked on the source with ``ast``, so an import inside a function counts as much as
+one at the top of a file."""
+import ast
+
+import pytest
+
+from tests.helpers import REPO
+
+ENTRY_SCRIPTS = tuple(sorted(p.stem for p in REPO.glob("*.py")))  # train_policy, rollout, generate_demos, ...
+FORBIDDEN = {
+    "datasets": ("core", "studies", *ENTRY_SCRIPTS),
+    "envs": ("core", "studies", *ENTRY_SCRIPTS),
+    "policies": ("core", "studies", "datasets", *ENTRY_SCRIPTS),
+}
+
+
+def imported_modules(source: str, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in ``source``, the module named ``module``
+    (``datasets.generate``): relative imports resolved against its package, nested ones included."""
+    tree = ast.parse(source)
+    package = module.split(".")[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            if node.module:
+                found.append((node.lineno, ".".join(base + [node.module])))
+            else:  # ``from . import x``: the names are modules of the package
+                found += [(node.lineno, ".".join(base + [alias.name])) for alias in node.names]
+    return found
+
+
+def violations(package: str) -> list[str]:
+    out = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        rel = path.relative_to(REPO)
+        module = ".".join(rel.with_suffix("").parts)
+        if rel.name == "__init__.py":
+            module += ".__init__"  # its relative imports resolve against the package itself
+        for line, name in imported_modules(path.read_text(), module):
+            if name.split(".")[0] in FORBIDDEN[package]:
+                out.append(f"{rel}:{line} imports {name}")
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_lower_layers_import_nothing_above_them(package):
+    assert ENTRY_SCRIPTS and {"train_policy", "rollout", "generate_demos", "export_dataset"} <= set(ENTRY_SCRIPTS)
+    assert violations(package) == []
+
+
+def test_the_check_sees_imports_at_any_level():
+    source = ("import numpy\n"
+              "from . import episodes\n"
+              "from .factory import read_dataset\n"
+              "def f():\n"
+              "    from core.config import CONFIG_DIR\n"
+              "    import studies.engine as e\n"
+              "class C:\n"
+              "    def g(self):\n"
+              "        from .. import rollout\n")
+    found = [name for _, name in imported_modules(source, "datasets.generate")]
+    assert found == ["numpy", "datasets.episodes", "datasets.factory", "core.config", "studies.engine", "rollout"]
+    assert [name for _, name in imported_modules("from .attention import X\n", "policies.vision.masks")] == [
+        "policies.vision.attention"]
