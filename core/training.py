@@ -32,6 +32,7 @@ from policies.checkpoint import (
     rng_state,
     save_checkpoint,
     set_rng_state,
+    training_state_entry,
 )
 
 from .config import TrainConfig, TrainRunConfig, to_dict
@@ -154,7 +155,8 @@ def build_data(cfg: TrainRunConfig, resume_from: Path | None) -> TrainData:
     refuses data that changed since ``resume_from`` was written."""
     pconfig = cfg.policy
     data = make_dataset(cfg.task, list(pconfig.input_shapes), cfg.train.max_episodes)
-    fingerprint = check_resume_data(resume_from, data)
+    saved = resume_from and training_state_entry(resume_from, FINGERPRINT_KEY)
+    fingerprint = check_resume_data(resume_from, saved, data)
     train_eps, val_eps = split_episodes(data.num_episodes, cfg.train.val_fraction, cfg.seed)
     window = dict(n_obs_steps=pconfig.n_obs_steps, horizon=pconfig.horizon, n_action_steps=pconfig.n_action_steps,
                   obs_steps=pconfig.window_obs_steps)

@@ -8,8 +8,6 @@ replaced at the same path, with one episode more or one action changed, no longe
 from __future__ import annotations
 
 import hashlib
-import json
-from pathlib import Path
 
 import numpy as np
 
@@ -34,17 +32,6 @@ def data_fingerprint(data: EpisodeData) -> dict:
     }
 
 
-def saved_fingerprint(checkpoint) -> dict | None:
-    """The fingerprint a checkpoint recorded (None for a checkpoint written before fingerprints)."""
-    skeleton = json.loads((Path(checkpoint) / "training_state.json").read_text())
-    saved = skeleton.get("__dict__", {}).get(FINGERPRINT_KEY)
-    if saved is None:
-        return None
-    from policies.checkpoint import unflatten_state
-
-    return unflatten_state(saved, {})
-
-
 def _changes(old: dict, new: dict) -> list[str]:
     changes = [f"{name} {old[name]} -> {new[name]}" for name in ("episodes", "frames") if old[name] != new[name]]
     if not changes and old["episode_ends"] != new["episode_ends"]:
@@ -57,13 +44,13 @@ def _changes(old: dict, new: dict) -> list[str]:
     return changes
 
 
-def check_resume_data(checkpoint, data: EpisodeData) -> dict:
-    """Refuse to resume ``checkpoint`` on data that differs from what it trained on, naming what
-    changed; return the data's fingerprint (which the run's next checkpoints record)."""
+def check_resume_data(checkpoint, saved: dict | None, data: EpisodeData) -> dict:
+    """Refuse to resume ``checkpoint``, whose training state recorded the fingerprint ``saved``, on
+    data that differs from what it trained on, naming what changed; return the data's fingerprint
+    (which the run's next checkpoints record)."""
     current = data_fingerprint(data)
     if checkpoint is None:
         return current
-    saved = saved_fingerprint(checkpoint)
     if saved is None:
         print(f"note: {checkpoint} records no data fingerprint (written before they were): "
               f"the data cannot be compared, resuming on {data.meta.get('path', 'the task dataset')} as it is now")

@@ -226,6 +226,13 @@ def load_policy(path, device="cpu", expected_policy: str | None = None, **config
     return policy.to(device).eval()
 
 
+def training_state_entry(path, key: str):
+    """One tensor-free entry of a checkpoint's training state (None where it has none), tensors not loaded."""
+    skeleton = json.loads((resolve_checkpoint(path) / "training_state.json").read_text())
+    entry = skeleton.get("__dict__", {}).get(key)
+    return None if entry is None else unflatten_state(entry, {})
+
+
 def load_training_state(path) -> dict:
     ckpt = resolve_checkpoint(path)
     skeleton = json.loads((ckpt / "training_state.json").read_text())
