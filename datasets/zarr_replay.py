@@ -30,7 +30,6 @@ from .episodes import (
     warn_float01,
 )
 
-from .factory import generate_command
 
 PUSHT_KEYS = {"img": 4, "state": 2, "action": 2, "keypoint": 3, "n_contacts": 2}  # key -> ndim
 REQUIRED_KEYS = ("img", "state", "action")
@@ -76,7 +75,7 @@ def _open(path) -> zarr.Group:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(
-            f"dataset {p} does not exist{missing_output_hint(p)}; generate it with: {generate_command('pusht', p)}"
+            f"dataset {p} does not exist{missing_output_hint(p)}; generate it with: python generate_demos.py task=pusht out={p}"
         )
     try:
         return zarr.open_group(str(p), mode="r")

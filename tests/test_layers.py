@@ -67,3 +67,31 @@ def test_the_check_sees_imports_at_any_level():
     assert found == ["numpy", "datasets.episodes", "datasets.factory", "core.config", "studies.engine", "rollout"]
     assert [name for _, name in imported_modules("from .attention import X\n", "policies.vision.masks")] == [
         "policies.vision.attention"]
+
+
+def import_graph(packages=("core", "datasets", "envs", "policies", "studies")) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (at any level; ``from pkg.mod import name`` counts as pkg.mod)."""
+    paths = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+             for pkg in packages for p in (REPO / pkg).rglob("*.py")}
+    graph = {}
+    for module, path in paths.items():
+        own = module + ".__init__" if path.name == "__init__.py" else module
+        names = [name for _, name in imported_modules(path.read_text(), own)]
+        # the longest prefix of each name that is one of our modules (from a.b import c: a.b, or a.b.c if a module)
+        graph[module] = {next(n for n in (".".join(name.split(".")[:i]) for i in range(name.count(".") + 1, 0, -1))
+                              if n in paths) for name in names if name.split(".")[0] in packages} - {module}
+    return graph
+
+
+def test_no_import_circles():
+    from graphlib import CycleError, TopologicalSorter
+
+    graph = import_graph()
+    assert {"datasets.factory", "policies.vision.attention", "core.training"} <= set(graph)
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as exc:
+        pytest.fail(f"import circle: {' -> '.join(exc.args[1])}")
+    graph["datasets.episodes"].add("datasets.factory")  # a circle the check must see: factory imports episodes
+    with pytest.raises(CycleError):
+        TopologicalSorter(graph).prepare()

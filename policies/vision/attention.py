@@ -20,9 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import sparse
 from .masks import KINDS, LOOKHERE_DIRECTIONS, make_pattern
-from .sparse import AttentionCache
+from .sparse import AttentionCache, can_run, choose_impl, sparse_attend
 
 IMPLS = ("dense", "sparse", "auto")
 SPARSE_KINDS = ("fibottention", "lookhere")  # the patterns sparse.can_run computes
@@ -165,9 +164,9 @@ def attend(q, k, v, pattern, grid: tuple[int, int], num_prefix: int, impl: str =
     if mask_mode == "multiplicative":
         return multiplicative_attention(q, k, v, dense_bias(pattern, grid, num_prefix, q.device, q.dtype, cache), dropout_p)
     if impl == "auto":
-        impl = sparse.choose_impl(pattern, num_prefix + grid[0] * grid[1], q.device)
-    if impl == "sparse" and sparse.can_run(pattern, grid, dropout_p):
-        return sparse.sparse_attend(q, k, v, pattern, grid, num_prefix, cache=cache)
+        impl = choose_impl(pattern, num_prefix + grid[0] * grid[1], q.device)
+    if impl == "sparse" and can_run(pattern, grid, dropout_p):
+        return sparse_attend(q, k, v, pattern, grid, num_prefix, cache=cache)
     bias = dense_bias(pattern, grid, num_prefix, q.device, q.dtype, cache)  # (1, heads, N, N) | None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
 
