@@ -261,7 +261,7 @@ def main(argv=None):
                      "seeds", "verdict"], [[r["claim"], r["measurement"], r.get("rates", ""), r["effect"], r.get("seeds", ""),
                                             r["verdict"]] for r in rows])
     write(results / "claims.md", text)  # the † note on the authors' code follows the markers, by hand
-    tables = {name: ([f"encoder, {label}", "condition", "seeds", "success, mean [95% CI]", "− full attention (recipe)",
+    tables = {name: ([f"encoder, {label}", "condition", "seeds", "success, mean [95% CI]", "− full attention (papers' setting)",
                       "− itself without it", f"− full attention with {label}"], fix_table(results, args.task, args.policy, fix, encoders))
               for name, (fix, label, encoders) in FIXES.items()}
     tables["tasks"] = (["claim (paper)", *TASKS, "on the three tasks"], task_counts(rows))

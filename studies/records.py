@@ -18,6 +18,9 @@ from envs.factory import EVAL_SEED_START
 
 # besides core.rundir.RESUMABLE (settings that do not change what a run learns): the seed, and copies of other settings
 # and how the file is read (told from the path since the LeRobot reader; older runs name it)
+# recipe=cpu jitters brightness and contrast in training since issue 31; the studies measure the papers'
+# setting, which has none: its cells turn it off, and records name what differs from this setting
+PAPERS_SETTING = ("policy.image_aug.brightness=0.0", "policy.image_aug.contrast=0.0")
 NOT_EXTRA = ("seed", "policy.vit.attention.", "policy.input_shapes.", "policy.action_dim", "policy.crop_size", "policy.name",
              "task.dataset.format")
 
@@ -67,15 +70,15 @@ def _value(v) -> str:
 
 
 def extra_overrides(cfg: dict, recipe: str) -> str:
-    """The overrides that turn ``train_policy.py task=T policy=P attention=A recipe=R`` into this run's config,
-    compared in today's layout. A setting the run predates (a dataclass field, or an entry of a dict the
+    """The overrides that turn ``train_policy.py task=T policy=P attention=A recipe=R`` in the papers'
+    setting (``PAPERS_SETTING``) into this run's config, compared in today's layout. A setting the run predates (a dataclass field, or an entry of a dict the
     run has not got) is not one of its overrides: it trained with what the code then did."""
     from core.config import compose, to_dict
     from core.rundir import NO_DEFAULT, RESUMABLE, field_default, flatten
     from policies.registry import get_policy_class
 
     schema = compose("config", [f"task={cfg['task']['name']}", f"policy={cfg['policy']['name']}",
-                                f"attention={cfg['attention']['kind']}", f"recipe={recipe}"])
+                                f"attention={cfg['attention']['kind']}", f"recipe={recipe}", *PAPERS_SETTING])
     base = flatten(to_dict(schema))
     run = flatten({**cfg, "policy": get_policy_class(cfg["policy"]["name"]).config_class.upgrade(cfg["policy"])})
     removed = [k for k in base if k not in run and field_default(schema, k) is NO_DEFAULT

@@ -15,6 +15,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from studies.records import PAPERS_SETTING
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -71,16 +73,19 @@ class Cell:
 
     @property
     def overrides(self) -> list[str]:
-        """``python train_policy.py`` arguments, run_dir= aside (in the order earlier studies hashed them)."""
+        """``python train_policy.py`` arguments, run_dir= aside (in the order earlier studies hashed them),
+        then the papers' setting where the cell does not set those keys itself."""
         kind, *rest = self.arm.split()
         attn = [o for o in rest if o.startswith("attention.")]
-        return [f"task={self.task}", f"policy={self.policy}", kind, f"recipe={self.recipe}", f"seed={self.seed}",
-                "eval.num_episodes=0", *attn, *(o for o in rest if o not in attn), *self.extra]
+        out = [f"task={self.task}", f"policy={self.policy}", kind, f"recipe={self.recipe}", f"seed={self.seed}",
+               "eval.num_episodes=0", *attn, *(o for o in rest if o not in attn), *self.extra]
+        return out + [o for o in PAPERS_SETTING if not any(x.startswith(o.split("=")[0] + "=") for x in out)]
 
     @property
     def run_dir(self) -> Path:
-        """The cell's directory: an existing one with the same overrides' hash, else a new one under results/cells/."""
-        digest = hashlib.sha1(json.dumps(self.overrides).encode()).hexdigest()[:10]
+        """The cell's directory: an existing one with the same overrides' hash, else a new one under results/cells/.
+        The papers' setting is not hashed: the cells trained before recipe=cpu jittered images are these."""
+        digest = hashlib.sha1(json.dumps([o for o in self.overrides if o not in PAPERS_SETTING]).encode()).hexdigest()[:10]
         found = [*sorted(self.results.glob(f"cells/*_s{self.seed}_{digest}")), *sorted(self.results.glob(f"*/cells/*_s{self.seed}_{digest}"))]
         kind = self.arm.split()[0].removeprefix("attention=")
         return found[0] if found else self.results / "cells" / f"{self.task}_{self.policy}_{kind}_s{self.seed}_{digest}"

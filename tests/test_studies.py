@@ -109,6 +109,9 @@ def test_every_study_of_the_catalog_composes_and_names_its_cells_as_before(tmp_p
     cell = Cell("lift", "bc", "attention=fibottention attention.windows=robot", 0, "cpu", results=tmp_path)
     old = tmp_path / "cells" / f"lift_bc_fibottentionwindows-robot_s0_{cell.run_dir.name.rsplit('_', 1)[1]}"
     old.mkdir(parents=True)
+    # the names of cells trained before recipe=cpu jittered images (the papers' setting is not hashed)
+    assert Cell("lift", "bc", "attention=full", 0, "cpu", results=tmp_path).run_dir.name == "lift_bc_full_s0_f05f5012ea"
+    assert Cell("can", "bc", "attention=full", 0, "cpu", results=tmp_path).run_dir.name == "can_bc_full_s0_351c598c92"
     assert cell.run_dir == old and cell.overrides[:7] == ["task=lift", "policy=bc", "attention=fibottention", "recipe=cpu",
                                                           "seed=0", "eval.num_episodes=0", "attention.windows=robot"]
 
@@ -116,7 +119,8 @@ def test_every_study_of_the_catalog_composes_and_names_its_cells_as_before(tmp_p
 def test_show_prints_the_two_commands_of_every_cell(tmp_path, capsys):
     studies_main(["show", "robustness", "--seeds", "1", "--results", str(tmp_path)])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("python train_policy.py task=lift policy=bc attention=full recipe=cpu seed=1 eval.num_episodes=0 run_dir=")
+    assert lines[0].startswith("python train_policy.py task=lift policy=bc attention=full recipe=cpu seed=1 eval.num_episodes=0 "
+                               "policy.image_aug.brightness=0.0 policy.image_aug.contrast=0.0 run_dir=")  # the papers' setting
     assert lines[2].endswith("num_episodes=30 workers=2 max_steps=200 corruption=brightness:1") and len(lines) == 6 * 4
     with pytest.raises(SystemExit):
         studies_main(["run", "robustnes"])
@@ -125,13 +129,20 @@ def test_show_prints_the_two_commands_of_every_cell(tmp_path, capsys):
 
 @pytest.mark.parametrize("task, policy, attention", [("lift", "bc", "fibottention"), ("can", "bc", "full"), ("pusht", "diffusion", "lookhere")])
 def test_a_study_cell_trains_exactly_what_the_recipe_command_trains(task, policy, attention, tmp_path):
-    """`python train_policy.py task=T policy=P attention=A recipe=cpu` == the study's cell, and records no extra overrides."""
+    """`python train_policy.py task=T policy=P attention=A recipe=cpu` in the papers' setting (no photometric
+    augmentation) == the study's cell, and records no extra overrides; the recipe's own augmentation is one."""
     from core.config import compose, to_dict
-    from studies.records import extra_overrides
+    from studies.claims import AUGMENT
+    from studies.records import PAPERS_SETTING, extra_overrides
 
     cell = Cell(task, policy, f"attention={attention}", 0, "cpu", results=tmp_path)
-    user = to_dict(compose("config", [f"task={task}", f"policy={policy}", f"attention={attention}", "recipe=cpu", "eval.num_episodes=0"]))
+    command = [f"task={task}", f"policy={policy}", f"attention={attention}", "recipe=cpu", "eval.num_episodes=0"]
+    user = to_dict(compose("config", [*command, *PAPERS_SETTING]))
     assert to_dict(compose("config", cell.overrides)) == user and extra_overrides(user, "cpu") == ""
+    assert extra_overrides(to_dict(compose("config", command)), "cpu") == AUGMENT
+    # cells trained before recipe=cpu jittered images keep their directories: the papers' setting is not hashed
+    assert Cell(task, policy, f"attention={attention}", 0, "cpu", ("policy.image_aug.brightness=0.3",)).overrides[-2:] == [
+        "policy.image_aug.brightness=0.3", "policy.image_aug.contrast=0.0"]
     changed = to_dict(compose("config", [*cell.overrides, "attention.windows=robot"]))
     if attention == "fibottention":
         assert extra_overrides(changed, "cpu") == "attention.windows=robot"
@@ -182,6 +193,7 @@ def test_the_cpu_recipes_hold_what_the_studies_measured():
     lift_fib = compose("config", ["task=lift", "policy=bc", "attention=fibottention", "recipe=cpu"])
     assert list(lift_fib.policy.input_shapes) == ["agentview_image", "robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos"]
     assert (lift_fib.task.crop_size, lift_fib.train.steps, lift_fib.policy.n_image_obs_steps, lift_fib.train.num_threads) == (84, 4000, 1, 1)
+    assert (lift_fib.policy.image_aug.brightness, lift_fib.policy.image_aug.contrast) == (0.3, 0.5)  # preset/photometric_aug
     lift_lh = compose("config", ["task=lift", "policy=bc", "attention=lookhere", "recipe=cpu"])
     assert "robot0_eye_in_hand_image" in lift_lh.policy.input_shapes
     assert (lift_lh.policy.vit.patch_size, lift_lh.policy.vit.pool) == (12, "spatial_softmax")
