@@ -131,9 +131,13 @@ def test_rollout_and_generate_parse_like_training():
 
 def test_the_photometric_augmentation_preset_is_what_the_augmentation_rows_trained():
     from studies.claims import AUGMENT
+    from studies.records import PAPERS_SETTING
 
-    cfg = compose("config", ["task=lift", "policy=bc", "attention=fibottention", "recipe=cpu",
-                             "+recipe/preset@_global_=photometric_aug"])
-    plain = compose("config", ["task=lift", "policy=bc", "attention=fibottention", "recipe=cpu", *AUGMENT.split()])
-    assert cfg == plain and (cfg.policy.image_aug.brightness, cfg.policy.image_aug.contrast) == (0.3, 0.5)
-    assert compose("config", ["task=lift", "policy=bc", "attention=fibottention"]).policy.image_aug.brightness == 0.0
+    base = ["task=lift", "policy=bc", "attention=fibottention"]
+    default = compose("config", base)  # recipe=cpu, which includes the preset since the augmentation rows
+    assert default == compose("config", [*base, "recipe=cpu", *AUGMENT.split()])
+    assert (default.policy.image_aug.brightness, default.policy.image_aug.contrast) == (0.3, 0.5)
+    papers = compose("config", [*base, *PAPERS_SETTING])  # what every study cell trains
+    assert (papers.policy.image_aug.brightness, papers.policy.image_aug.contrast) == (0.0, 0.0)
+    assert compose("config", [*base, "recipe=paper"]).policy.image_aug.brightness == 0.0
+    assert compose("config", [*base, "recipe=paper", "+recipe/preset@_global_=photometric_aug"]).policy.image_aug.contrast == 0.5
