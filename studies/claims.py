@@ -183,14 +183,14 @@ def task_counts(rows: list[dict]) -> list[list[str]]:
 
 def lottery(results: Path, task: str, policy: str) -> list[list]:
     """How many training seeds of each encoder collapse under each corruption (the papers' setting), Wilson interval."""
-    from scipy.stats import binomtest
+    from core.evaluation import wilson_interval
 
     rob, out = rows_of(load(results, "robustness")), []
     for a, c in ((a, c) for a in ("full", "fibottention", "lookhere", "bigbird") for c in ("brightness1", "contrast2")):
         if recs := sorted(best(rob, task, policy, a, "", c) or [], key=lambda r: r.seed):
             k = sum(r.successes / r.episodes < COLLAPSE for r in recs)
-            ci = binomtest(k, len(recs)).proportion_ci(method="wilson")
-            out.append([LABELS[(a, "")], spaced(c), f"{k} of {len(recs)}", f"[{100 * ci.low:.0f}, {100 * ci.high:.0f}]%",
+            low, high = wilson_interval(k, len(recs))
+            out.append([LABELS[(a, "")], spaced(c), f"{k} of {len(recs)}", f"[{100 * low:.0f}, {100 * high:.0f}]%",
                         " ".join(f"s{r.seed} {100 * r.successes / r.episodes:.0f}" for r in recs)])
     return out
 
