@@ -4,7 +4,8 @@
 
 Writes ``results/<study>/table.md`` for every ``records.jsonl`` (rows pooled over seeds, each compared
 with full attention: ``baseline_row``), the claims table between the markers of ``results/claims.md``
-(the prose around it is written by hand) and ``results/claims.json``. It reads records only: the same
+(the prose around it is written by hand), ``results/claims.json`` and the evidence table of the README beside
+``results/``. It reads records only: the same
 files on every machine, and a second run changes nothing. Verdicts: ``supported`` (the interval
 excludes 0 on the claimed side), ``contradicted`` (on the other), ``not resolved at this scale``.
 """
@@ -36,6 +37,21 @@ ARMS = {"fib": [("fibottention", ""), ("fibottention", ROBOT)], "lookhere": [("l
 OTHER_TASKS = (("can", "can", "bc"), ("pusht", "pusht", "diffusion"))
 TASKS = ("lift", "can", "pusht")
 COLLAPSE = 0.5  # a seed "collapses" under a corruption below this success rate (full attention keeps about 0.9)
+# the README's evidence table (between its <!-- evidence:begin/end --> markers): (attention, extra overrides, label)
+PLAIN_LOOKHERE = "policy.vit.patch_size=8 policy.vit.pool=cls attention.rotate_directions=false attention.global_slope=1.0 " \
+    "~task.input_shapes.robot0_eye_in_hand_image"
+README_ROWS = (
+    ("full", "", "full attention"), ("fibottention", "", "Fibottention"),
+    ("fibottention", ROBOT, "Fibottention, the authors' robot windows (`attention.windows=robot`)"),
+    ("fibottention", MULT, "Fibottention, the public code's multiplicative mask (`attention.mask_mode=multiplicative`)"),
+    ("lookhere", "", "LookHere-90 (the recipe: + wrist camera, 12-px patches, keypoint read-out, rotated directions)"),
+    ("lookhere", PLAIN_LOOKHERE, "plain LookHere-90 (agentview, CLS read-out, 8-px patches)"),
+    ("bigbird", "", "BigBird (band ±3, CLS, 3 random keys per row; the Fibottention paper's sparse baseline)"),
+    ("fibottention", PER_IMAGE, "Fibottention, per-image input normalisation (`policy.vit.input_norm=per_image`)"),
+    ("full", PER_IMAGE, "full attention, per-image input normalisation"),
+    ("fibottention", AUGMENT, "Fibottention, photometric augmentation (`recipe=cpu`'s jitter)"),
+    ("full", AUGMENT, "full attention, photometric augmentation"),
+    ("lookhere", AUGMENT, "LookHere-90 (the recipe's), photometric augmentation"))
 
 
 def outcomes(recs: list[Record]) -> list[np.ndarray]:
@@ -227,6 +243,27 @@ def fix_table(results: Path, task: str, policy: str, fix: str, encoders=("full",
     return out
 
 
+def readme_table(results: Path, task: str, policy: str) -> list[list[str]]:
+    """Mean success per README row and condition, and its difference to full attention (seed counts other than 3 named).
+    Clean rows come from ``main``, except for the training-side fixes, whose clean rows sit in ``robustness``."""
+    main, rob, out = rows_of(load(results, "main")), rows_of(load(results, "robustness")), []
+    for a, e, label in README_ROWS:
+        cells = []
+        for c in ("clean", "brightness1", "contrast2"):
+            src = rob if c != "clean" or e in (PER_IMAGE, AUGMENT) else main
+            row, base = best(src, task, policy, a, e, c), best(src, task, policy, "full", "", c)
+            seeds = f"{len(row)} seeds" if row and len(row) != 3 else ""
+            if not row:
+                cells.append("—")
+            elif row is base or not base:
+                cells.append(f"{100 * bootstrap_rate(outcomes(row)).mean:.0f}%" + (f" ({seeds})" * bool(seeds)))
+            else:
+                effect = pct(bootstrap_difference(outcomes(row), outcomes(base))).replace("-", "−")
+                cells.append(f"{100 * bootstrap_rate(outcomes(row)).mean:.0f}% ({effect}{'; ' * bool(seeds)}{seeds})")
+        out.append([label, *cells])
+    return out
+
+
 def markdown(header: list[str], rows: list[list]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
 
@@ -273,6 +310,9 @@ def main(argv=None):
                   f"<!-- {name}:begin -->", f"<!-- {name}:end -->", append=False)
     replace_file(results / "claims.json", json.dumps({"task": args.task, "policy": args.policy, "rows": rows, **{
         k.replace("-", "_"): body for k, (_, body) in tables.items()}}, indent=2) + "\n")
+    if (readme := results.parent / "README.md").exists():  # the repository's README, beside results/
+        write(readme, markdown(["encoder", "clean", "brightness +0.1", "contrast ×0.5"], readme_table(results, args.task, args.policy)),
+              "<!-- evidence:begin -->", "<!-- evidence:end -->", append=False)
     print(text)
     return rows
 

@@ -118,10 +118,13 @@ def test_the_committed_tables_and_claims_are_what_the_committed_records_give(tmp
     written = ["claims.md", "claims.json", *(str(p.relative_to(results).parent / "table.md") for p in results.glob("*/records.jsonl"))]
     assert len(written) >= 6
     shutil.copytree(results, tmp_path / "results", ignore=shutil.ignore_patterns("*.png", "cells"))
+    shutil.copy(results.parent / "README.md", tmp_path / "README.md")  # its evidence table is written from the records too
+    (tmp_path / "README.md").write_text((tmp_path / "README.md").read_text().replace("| 97% (6 seeds) |", "| stale |"))
     for _ in range(2):
         main(["--results", str(tmp_path / "results")])
         for name in written:
             assert (tmp_path / "results" / name).read_text() == (results / name).read_text(), name
+        assert (tmp_path / "README.md").read_text() == (results.parent / "README.md").read_text()
 
 
 def test_the_lottery_counts_collapsing_seeds_and_each_claim_counts_its_tasks(tmp_path):
