@@ -36,6 +36,7 @@ ARMS = {"fib": [("fibottention", ""), ("fibottention", ROBOT)], "lookhere": [("l
 # the papers' other two tasks: (study, task, policy) of their measured CPU recipes (studies/catalog.py)
 OTHER_TASKS = (("can", "can", "bc"), ("pusht", "pusht", "diffusion"))
 TASKS = ("lift", "can", "pusht")
+FEW = "fewer than 3 seeds"  # a task whose rows all rest on fewer seeds than a verdict needs
 COLLAPSE = 0.5  # a seed "collapses" under a corruption below this success rate (full attention keeps about 0.9)
 # the README's evidence table (between its <!-- evidence:begin/end --> markers): (attention, extra overrides, label)
 PLAIN_LOOKHERE = "policy.vit.patch_size=8 policy.vit.pool=cls attention.rotate_directions=false attention.global_slope=1.0 " \
@@ -190,9 +191,10 @@ def task_counts(rows: list[dict]) -> list[list[str]]:
                     and r["verdict"] != "—"]
             found = [r["verdict"] for r in mine if "fewer than" not in r["verdict"]]
             kind = ("mixed" if "contradicted" in found else "supported") if "supported" in found else \
-                "contradicted" if "contradicted" in found else "not resolved" if mine else "not measured"
-            verdicts.append(kind + (f" ({sum(v.startswith(kind) for v in found)} of {len(mine)} rows)" if mine else ""))
-        count = {k: sum(v.startswith(k) for v in verdicts) for k in ("supported", "contradicted", "not resolved", "not measured", "mixed")}
+                "contradicted" if "contradicted" in found else "not resolved" if found else FEW if mine else "not measured"
+            verdicts.append(kind + (f" ({sum(v.startswith(kind) for v in found)} of {len(mine)} rows)" if found else
+                                    f" ({len(mine)} rows)" if mine else ""))
+        count = {k: sum(v.startswith(k) for v in verdicts) for k in ("supported", "contradicted", "not resolved", FEW, "not measured", "mixed")}
         out.append([claim, *verdicts, ", ".join(f"{k} on {n}" for k, n in count.items() if n) + f" of {len(TASKS)} tasks"])
     return out
 
