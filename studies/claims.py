@@ -189,7 +189,7 @@ def task_counts(rows: list[dict]) -> list[list[str]]:
         for t in TASKS:
             mine = [r for r in rows if r["claim"] == claim and r["measurement"].startswith(f"{t} ") and "† − full" not in r["measurement"]
                     and r["verdict"] != "—"]
-            found = [r["verdict"] for r in mine if "fewer than" not in r["verdict"]]
+            found = [r["verdict"] for r in mine if min(map(int, re.findall(r"\d+", r["seeds"]))) >= 3]  # "3 vs 3", or "3"
             kind = ("mixed" if "contradicted" in found else "supported") if "supported" in found else \
                 "contradicted" if "contradicted" in found else "not resolved" if found else FEW if mine else "not measured"
             verdicts.append(kind + (f" ({sum(v.startswith(kind) for v in found)} of {len(mine)} rows)" if found else

@@ -136,7 +136,8 @@ def test_the_lottery_counts_collapsing_seeds_and_each_claim_counts_its_tasks(tmp
                                       ("fibottention", "", "brightness1", [(18, 30), (0, 30), (0, 30), (30, 30)])])
     save(tmp_path, "can", [Record("can", "bc", a, 15000, "", s, c, k, 50) for s in range(3) for a, c, k in
                            [("full", "clean", 45), ("fibottention", "clean", 20), ("full", "brightness1", 45), ("fibottention", "brightness1", 44)]])
-    save(tmp_path, "pusht", [Record("pusht", "diffusion", a, 15000, "", 0, "clean", k, 50) for a, k in (("full", 45), ("lookhere", 5))])
+    save(tmp_path, "pusht", [Record("pusht", "diffusion", a, 15000, "", 0, "clean", k, 50) for a, k in
+                             (("full", 45), ("lookhere", 5), ("fibottention", 44))])
     (tmp_path / "claims.md").write_text("<!-- tasks:begin -->\n<!-- tasks:end -->\n\n<!-- lottery:begin -->\n<!-- lottery:end -->\n")
     main(["--results", str(tmp_path)])
     data = json.loads((tmp_path / "claims.json").read_text())
@@ -145,10 +146,10 @@ def test_the_lottery_counts_collapsing_seeds_and_each_claim_counts_its_tasks(tmp
     assert lottery[("Fibottention", "brightness 1")] == ["2 of 4", "[15, 85]%", "s0 60 s1 0 s2 0 s3 100"]
     assert lottery[("full", "brightness 1")][:2] == ["0 of 4", "[0, 49]%"]
     tasks = {r[0]: r[1:] for r in data["tasks"]}
-    assert tasks["Better task success (Fibottention)"] == ["contradicted (1 of 1 rows)", "contradicted (1 of 1 rows)", "not measured",
-                                                          "contradicted on 2, not measured on 1 of 3 tasks"]
+    assert tasks["Better task success (Fibottention)"] == ["contradicted (1 of 1 rows)", "contradicted (1 of 1 rows)",
+                                                          "fewer than 3 seeds (1 rows)", "contradicted on 2, fewer than 3 seeds on 1 of 3 tasks"]
     assert tasks["More robust to corruptions (Fibottention)"][1:3] == ["not resolved (1 of 1 rows)", "not measured"]
-    # one seed each on PushT: its row gives a one-seed verdict, the task counts it as too few seeds for one
+    # one seed each on PushT: a row's one-seed verdict, resolved (LookHere) or not (Fibottention), gives the task none
     assert tasks["Better task success (LookHere)"][1:] == ["not measured", "fewer than 3 seeds (1 rows)",
                                                           "fewer than 3 seeds on 1, not measured on 2 of 3 tasks"]
     assert "| Extrapolates to larger images (LookHere) | not measured | not measured | not measured |" in (tmp_path / "claims.md").read_text()
