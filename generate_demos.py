@@ -8,7 +8,7 @@ task=lift --cfg job` prints them.
 """
 import hydra
 
-from core.cli import run_command
+from core.cli import check_overrides, run_command
 from core.config import register_configs
 
 register_configs()
@@ -22,4 +22,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    check_overrides("generate_demos.py", "generate")  # a bad override in one line, before Hydra's several
     main()

@@ -9,7 +9,7 @@ Options: RolloutConfig in core/config.py.
 """
 import hydra
 
-from core.cli import run_command
+from core.cli import check_overrides, run_command
 from core.config import register_configs
 
 register_configs()
@@ -23,4 +23,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    check_overrides("rollout.py", "rollout")  # a bad override in one line, before Hydra's several
     main()

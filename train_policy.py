@@ -9,7 +9,7 @@ Options: configs/config.yaml and the dataclasses it names; `python train_policy.
 """
 import hydra
 
-from core.cli import run_command
+from core.cli import check_overrides, run_command
 from core.config import register_configs
 
 register_configs()
@@ -23,4 +23,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    check_overrides("train_policy.py", "config")  # a bad override in one line, before Hydra's several
     main()

@@ -5,17 +5,20 @@ raised as ValueError / FileNotFoundError / FileExistsError / FloatingPointError 
 names the problem and the fix; ``run_command`` prints that message alone and exits 1. A permission
 error (a read-only folder) and Ctrl-C end in one line too (Ctrl-C: exit 130, saying what was written;
 a command that wrote something raises ``Interrupted`` with that in its message). Anything else is a
-bug and keeps its traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback of user errors too.
+bug and keeps its traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback of user errors too. A command
+line Hydra itself refuses (a group option or key that does not exist, a wrong type) is composed first by
+``check_overrides``, which says it in one line.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
-from .config import to_object
+from .config import CONFIG_DIR, register_configs, to_object
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError, PermissionError)
 INTERRUPTED_EXIT = 130  # the shell's status for a command ended by SIGINT
@@ -58,4 +61,35 @@ def run_command(prog: str, fn, cfg: DictConfig):
         if isinstance(exc, MissingMandatoryValue):
             message += f" (python {prog} {exc.full_key}=...)"
         print(f"{prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def hydra_message(text: str) -> str:
+    """Hydra's several-line composition error in one line: its option lists joined, its search path and
+    OmegaConf's ``full_key``/``object_type`` lines left out."""
+    text = re.sub(r":\n((?:\t.*(?:\n|$))+)", lambda m: ": " + ", ".join(m.group(1).split()) + "\n", text.split("Config search path:")[0])
+    lines = [line.strip().rstrip(".") for line in text.splitlines()]
+    return "; ".join(line for line in lines if line and not line.startswith(("full_key:", "object_type=", "reference_type=")))
+
+
+def check_overrides(prog: str, config_name: str, argv: list[str] | None = None) -> None:
+    """Compose the command line before Hydra does: a bad override (a group option or key that does not
+    exist, a wrong type) ends in one line, where Hydra would print several. Hydra's own flags
+    (``--cfg``, ``-m``, ``--help``) and ``hydra.*`` overrides are left to Hydra."""
+    argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("HYDRA_FULL_ERROR") == "1" or any(a.startswith("-") for a in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            compose(config_name=config_name, overrides=[a for a in argv if not a.lstrip("+~").startswith("hydra.")])
+    except (HydraException, OmegaConfBaseException) as exc:
+        chain = [exc]
+        while chain[-1].__cause__ is not None:  # Hydra's "Error merging override ..." is caused by OmegaConf's why
+            chain.append(chain[-1].__cause__)
+        print(f"{prog}: error: {hydra_message(chr(10).join(map(str, chain)))}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -21,7 +21,7 @@ from datasets.factory import make_dataset
 from datasets.generate import generate
 from datasets.robomimic_hdf5 import TASK_ENV_NAMES, read_robomimic_hdf5, write_robomimic_hdf5
 from datasets.zarr_replay import read_pusht_zarr, write_pusht_zarr
-from tests.helpers import REPO, TINY_POLICY, compose, pusht_episodes, tiny_train_cfg
+from tests.helpers import REPO, TINY_POLICY, compose, pusht_episodes, run_command, tiny_train_cfg
 
 LIFT_OBS = {"agentview_image": (84, 84, 3), "robot0_eye_in_hand_image": (84, 84, 3), "robot0_eef_pos": (3,),
             "robot0_eef_quat": (4,), "robot0_gripper_qpos": (2,)}  # configs/task/lift.yaml
@@ -228,6 +228,23 @@ def test_composition_refuses_in_one_line(config, overrides, message):
     with pytest.raises(ValueError) as e:
         compose(overrides, config)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("command, message", [
+    (["train_policy.py", "task=bogus"], "train_policy.py: error: In 'config': Could not find 'task/bogus'; "
+                                        "Available options in 'task': can, lift, pusht"),
+    (["train_policy.py", "trian.steps=3"], "Could not override 'trian.steps'; To append to your config use +trian.steps=3; "
+                                           "Key 'trian' not in 'TrainRunConfig'"),
+    (["rollout.py", "checkpoint=x", "num_episodes=abc"], "rollout.py: error: Error merging override num_episodes=abc; "
+                                                        "Value 'abc' of type 'str' could not be converted to Integer"),
+    (["generate_demos.py", "task=lift", "policy=bc"], "generate_demos.py: error: Could not override 'policy'"),
+])
+def test_a_command_line_hydra_refuses_ends_in_one_line(command, message):
+    """Hydra prints a bad group option, key or type over several lines and a HYDRA_FULL_ERROR hint;
+    the entry points compose first and say it in one line."""
+    proc = run_command(command, timeout=120)
+    assert proc.returncode == 1 and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_sparse_is_recorded_only_where_it_runs():
