@@ -18,7 +18,7 @@ import sys
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
-from .config import CONFIG_DIR, register_configs, to_object
+from .config import compose_dict, to_object
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError, PermissionError)
 INTERRUPTED_EXIT = 130  # the shell's status for a command ended by SIGINT
@@ -79,14 +79,11 @@ def check_overrides(prog: str, config_name: str, argv: list[str] | None = None) 
     argv = sys.argv[1:] if argv is None else argv
     if os.environ.get("HYDRA_FULL_ERROR") == "1" or any(a.startswith("-") for a in argv):
         return
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    register_configs()
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            compose(config_name=config_name, overrides=[a for a in argv if not a.lstrip("+~").startswith("hydra.")])
+        compose_dict(config_name, [a for a in argv if not a.lstrip("+~").startswith("hydra.")])
     except (HydraException, OmegaConfBaseException) as exc:
         chain = [exc]
         while chain[-1].__cause__ is not None:  # Hydra's "Error merging override ..." is caused by OmegaConf's why

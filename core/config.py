@@ -281,18 +281,22 @@ def to_object(cfg: DictConfig):
     return OmegaConf.to_object(cfg)
 
 
-def compose(config_name: str = "config", overrides: list[str] | tuple[str, ...] = ()):
-    """Compose exactly as the command of ``config_name`` does from its command line, as dataclasses."""
+def compose_dict(config_name: str = "config", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose exactly as the command of ``config_name`` does from its command line (Hydra's errors untouched)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
     if GlobalHydra.instance().is_initialized():  # inside an entry point (a Hydra app on configs/): its search path
-        return to_object(hydra_compose(config_name=config_name, overrides=list(overrides)))
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
-    return to_object(cfg)
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+def compose(config_name: str = "config", overrides: list[str] | tuple[str, ...] = ()):
+    """``compose_dict``, as dataclasses."""
+    return to_object(compose_dict(config_name, overrides))
 
 
 def recipe_report(choices: dict, overrides: list[str]) -> list[str]:

@@ -254,14 +254,15 @@ def readme_table(results: Path, task: str, policy: str) -> list[list[str]]:
         for c in ("clean", "brightness1", "contrast2"):
             src = rob if c != "clean" or e in (PER_IMAGE, AUGMENT) else main
             row, base = best(src, task, policy, a, e, c), best(src, task, policy, "full", "", c)
-            seeds = f"{len(row)} seeds" if row and len(row) != 3 else ""
             if not row:
                 cells.append("—")
-            elif row is base or not base:
-                cells.append(f"{100 * bootstrap_rate(outcomes(row)).mean:.0f}%" + (f" ({seeds})" * bool(seeds)))
+                continue
+            rate, seeds = f"{100 * bootstrap_rate(outcomes(row)).mean:.0f}%", f"{len(row)} seeds" if len(row) != 3 else ""
+            if row is base or not base:
+                cells.append(rate + (f" ({seeds})" * bool(seeds)))
             else:
                 effect = pct(bootstrap_difference(outcomes(row), outcomes(base))).replace("-", "−")
-                cells.append(f"{100 * bootstrap_rate(outcomes(row)).mean:.0f}% ({effect}{'; ' * bool(seeds)}{seeds})")
+                cells.append(f"{rate} ({effect}{'; ' * bool(seeds)}{seeds})")
         out.append([label, *cells])
     return out
 
