@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib
 import json
 import multiprocessing as mp
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any, Optional
 import numpy as np
 from omegaconf import MISSING
 
-from envs.factory import EVAL_SEED_START
+from envs.factory import EVAL_SEED_START, children_ignore_sigint
 
 from .episodes import check_writable, contents, recover_output
 
@@ -56,11 +55,6 @@ class GenerateConfig:
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
-
-
-def _ignore_sigint() -> None:
-    """Pool workers leave Ctrl-C to the parent, which stops them and reports in one line."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _is_dataset(out: Path, task: str) -> bool:
@@ -139,9 +133,12 @@ def _collect_episodes(task: str, num_episodes: int, seeds, image_size: int | Non
 
     jobs = [(task, s, image_size) for s in seeds]
     kept, failed, errors = [], [], []
-    bar = tqdm(total=num_episodes, desc=f"generate {task}", unit="demo", disable=not progress, dynamic_ncols=True)
-    pool = mp.get_context("spawn").Pool(workers, initializer=_ignore_sigint) if workers > 1 else None
+    pool, bar = None, None
     try:
+        if workers > 1:
+            with children_ignore_sigint():  # Ctrl-C is the parent's: it closes the pool and reports once
+                pool = mp.get_context("spawn").Pool(workers)
+        bar = tqdm(total=num_episodes, desc=f"generate {task}", unit="demo", disable=not progress, dynamic_ncols=True)
         results = pool.imap(_collect, jobs) if pool else map(_collect, jobs)
         for s, episode, error in results:  # imap keeps seed order: same result for any worker count
             if episode is None:
@@ -155,9 +152,10 @@ def _collect_episodes(task: str, num_episodes: int, seeds, image_size: int | Non
             if len(kept) == num_episodes:
                 break
     finally:
-        if pool:
+        if pool is not None:
             pool.terminate()  # the pool may still run attempts beyond the last one needed
-        bar.close()
+        if bar is not None:
+            bar.close()
     return kept, failed, errors
 
 

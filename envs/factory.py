@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 import traceback
+from contextlib import contextmanager
 
 TASKS = ("pusht", "lift", "can")
 # Demonstrations use initial-state seeds below this, evaluation seeds start here: they never overlap.
@@ -36,6 +37,23 @@ def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = N
     if image_size is not None:
         kwargs["image_size"] = image_size
     return kwargs
+
+
+@contextmanager
+def children_ignore_sigint():
+    """Processes spawned inside start with Ctrl-C ignored; Ctrl-C stays the parent's, which stops them.
+
+    A spawned child imports the entry script and torch for seconds before its own code can ignore SIGINT,
+    and a Ctrl-C then (the terminal sends it to the whole process group) killed it with a traceback.
+    SIG_IGN is the one disposition exec keeps, so children started here ignore it from their first
+    instruction. The cost: a Ctrl-C in the moment the spawning takes (about 0.07 s for a pool of two)
+    is ignored by this process too, and the user presses it again.
+    """
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _worker(conn, task: str, kwargs: dict) -> None:
@@ -100,7 +118,8 @@ class WorkerEnv:
     def __init__(self, task: str, kwargs: dict, ctx):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(child, task, kwargs), daemon=True)
-        self.proc.start()
+        with children_ignore_sigint():
+            self.proc.start()
         child.close()  # the worker's end lives in the worker only: if it dies, recv() ends instead of waiting forever
         try:
             status, msg = self.conn.recv()

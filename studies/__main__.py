@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from dataclasses import replace
@@ -66,6 +67,9 @@ def main(argv=None) -> list[str]:
 
         slurm = {k: int(v) if v.isdigit() else v for k, v in (kv.split("=", 1) for kv in args.slurm)}
         failed = run(study, budget, results, args.engine, args.jobs, slurm)
+    except BrokenPipeError:  # `show ... | head` stopped reading: what it asked for was printed
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would fail again
+        raise SystemExit(1) from None
     except (ValueError, FileNotFoundError) as exc:
         print(f"python -m studies: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -21,6 +22,7 @@ from datasets.factory import make_dataset
 from datasets.generate import generate
 from datasets.robomimic_hdf5 import TASK_ENV_NAMES, read_robomimic_hdf5, write_robomimic_hdf5
 from datasets.zarr_replay import read_pusht_zarr, write_pusht_zarr
+from envs.factory import children_ignore_sigint
 from tests.helpers import REPO, TINY_POLICY, compose, pusht_episodes, run_command, tiny_train_cfg
 
 LIFT_OBS = {"agentview_image": (84, 84, 3), "robot0_eye_in_hand_image": (84, 84, 3), "robot0_eef_pos": (3,),
@@ -349,7 +351,41 @@ def test_ctrl_c_in_a_rollout_is_one_line_saying_what_was_written(tmp_path, tiny_
 def test_ctrl_c_in_generation_is_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "g.zarr"
     args = ["generate_demos.py", "task=pusht", "num_episodes=1000", f"out={out}", "workers=2"]
-    proc = _interrupt(args, lambda text: "1/1000" in text)
+    # as soon as the pool's workers exist, while they still import torch: a Ctrl-C then killed them with a
+    # traceback each (and once, under load, the command did not end)
+    proc = _interrupt(args, lambda _: _spawned_children(f"out={out}") == 2)
     assert proc.returncode == INTERRUPTED_EXIT and "Traceback" not in proc.stdout, proc.stdout
     assert _last_line(proc.stdout) == "generate_demos.py: interrupted; nothing was written"
     assert list(tmp_path.iterdir()) == []
+
+
+def _spawned_children(marker: str) -> int:
+    """How many multiprocessing-spawned children the process whose command line holds ``marker`` has."""
+    procs = {}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            ppid = int(status.read_text().split("PPid:")[1].split()[0])
+            procs[int(status.parent.name)] = (ppid, (status.parent / "cmdline").read_bytes().decode(errors="replace"))
+        except (OSError, IndexError, ValueError):  # a process that ended while we read
+            continue
+    parents = {pid for pid, (_, cmd) in procs.items() if marker in cmd and "--multiprocessing-fork" not in cmd}
+    return sum(ppid in parents and "spawn_main" in cmd for ppid, cmd in procs.values())
+
+
+def _sigint_is_ignored() -> bool:
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_children_spawned_in_the_context_ignore_ctrl_c_from_the_start_and_the_parent_does_not():
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with children_ignore_sigint():
+        pool = ctx.Pool(1)
+    try:
+        assert pool.apply(_sigint_is_ignored) is True
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process: as it was
+    finally:
+        pool.terminate()
+    with ctx.Pool(1) as plain:
+        assert plain.apply(_sigint_is_ignored) is False  # outside the context children take Ctrl-C as usual

@@ -127,6 +127,19 @@ def test_show_prints_the_two_commands_of_every_cell(tmp_path, capsys):
     assert "unknown study 'robustnes'" in capsys.readouterr().err
 
 
+def test_show_into_a_reader_that_stops_early_ends_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    # `python -m studies show robustness | head -0`: the reader is gone before the first line is written
+    proc = subprocess.Popen([sys.executable, "-m", "studies", "show", "robustness", "--results", str(tmp_path)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 1 and proc.stderr.read() == ""
+
+
 @pytest.mark.parametrize("task, policy, attention", [("lift", "bc", "fibottention"), ("can", "bc", "full"), ("pusht", "diffusion", "lookhere")])
 def test_a_study_cell_trains_exactly_what_the_recipe_command_trains(task, policy, attention, tmp_path):
     """`python train_policy.py task=T policy=P attention=A recipe=cpu` in the papers' setting (no photometric
