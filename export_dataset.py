@@ -11,14 +11,16 @@ import os
 import sys
 from dataclasses import fields
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from core.cli import run_command
-from core.config import load_task
-from datasets.export import SVT_LOG_ERRORS, ExportConfig, run
+from core.cli import quiet_ctrl_c, run_command
 
 PROG = "export_dataset.py"
+quiet_ctrl_c(PROG)  # first: a Ctrl-C during the imports below (seconds) ends in one line too
+
+from omegaconf import OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from core.config import load_task  # noqa: E402
+from datasets.export import SVT_LOG_ERRORS, ExportConfig, run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,10 +6,12 @@
 Options: GenerateConfig in datasets/generate.py (the library this calls); `python generate_demos.py
 task=lift --cfg job` prints them.
 """
-import hydra
+from core.cli import check_overrides, quiet_ctrl_c, run_command
 
-from core.cli import check_overrides, run_command
-from core.config import register_configs
+quiet_ctrl_c("generate_demos.py")  # first: a Ctrl-C during the imports below (seconds) ends in one line too
+
+import hydra  # noqa: E402
+from core.config import register_configs  # noqa: E402
 
 register_configs()
 

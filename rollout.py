@@ -7,10 +7,12 @@ Prints and writes summary.json (success rate with a 95% Wilson interval, mean ma
 lengths, every episode's seed and outcome) and videos, in a folder of its own under <run>/eval/.
 Options: RolloutConfig in core/config.py.
 """
-import hydra
+from core.cli import check_overrides, quiet_ctrl_c, run_command
 
-from core.cli import check_overrides, run_command
-from core.config import register_configs
+quiet_ctrl_c("rollout.py")  # first: a Ctrl-C during the imports below (seconds) ends in one line too
+
+import hydra  # noqa: E402
+from core.config import register_configs  # noqa: E402
 
 register_configs()
 

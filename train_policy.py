@@ -7,10 +7,12 @@
 
 Options: configs/config.yaml and the dataclasses it names; `python train_policy.py --cfg job` prints them.
 """
-import hydra
+from core.cli import check_overrides, quiet_ctrl_c, run_command
 
-from core.cli import check_overrides, run_command
-from core.config import register_configs
+quiet_ctrl_c("train_policy.py")  # first: a Ctrl-C during the imports below (seconds) ends in one line too
+
+import hydra  # noqa: E402
+from core.config import register_configs  # noqa: E402
 
 register_configs()
 

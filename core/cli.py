@@ -7,18 +7,16 @@ error (a read-only folder) and Ctrl-C end in one line too (Ctrl-C: exit 130, say
 a command that wrote something raises ``Interrupted`` with that in its message). Anything else is a
 bug and keeps its traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback of user errors too. A command
 line Hydra itself refuses (a group option or key that does not exist, a wrong type) is composed first by
-``check_overrides``, which says it in one line.
+``check_overrides``, which says it in one line. ``quiet_ctrl_c``, called before an entry script's
+imports, makes a Ctrl-C during them one line too; this module imports nothing heavy for that reason.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
+import signal
 import sys
-
-from omegaconf import DictConfig
-from omegaconf.errors import MissingMandatoryValue
-
-from .config import compose_dict, to_object
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError, PermissionError)
 INTERRUPTED_EXIT = 130  # the shell's status for a command ended by SIGINT
@@ -28,7 +26,27 @@ class Interrupted(KeyboardInterrupt):
     """Ctrl-C, with what the command had written by then as its message."""
 
 
+def _interrupted_at_start(prog: str, signum, frame) -> None:
+    print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
+    raise SystemExit(INTERRUPTED_EXIT)
+
+
+def quiet_ctrl_c(prog: str) -> None:
+    """Until ``run_command`` starts, a Ctrl-C ends the command in one line: the imports and the
+    composition before it (seconds: torch, Hydra) write nothing, and Python would print a traceback of
+    its import machinery. An ignored SIGINT stays ignored (a spawned worker importing the entry script)."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, functools.partial(_interrupted_at_start, prog))
+
+
+def _started_quietly() -> bool:
+    handler = signal.getsignal(signal.SIGINT)
+    return isinstance(handler, functools.partial) and handler.func is _interrupted_at_start
+
+
 def _message(exc: BaseException) -> str:
+    from omegaconf.errors import MissingMandatoryValue
+
     if isinstance(exc, MissingMandatoryValue):
         return f"{exc.full_key}= is required"
     if isinstance(exc, PermissionError) and exc.filename:
@@ -44,7 +62,13 @@ def _close_progress_bars() -> None:
         bar.close()
 
 
-def run_command(prog: str, fn, cfg: DictConfig):
+def run_command(prog: str, fn, cfg):
+    from omegaconf.errors import MissingMandatoryValue
+
+    from .config import to_object
+
+    if _started_quietly():  # from here a Ctrl-C is a KeyboardInterrupt, whose line says what the command wrote
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return fn(to_object(cfg))
     except KeyboardInterrupt as exc:
@@ -81,6 +105,8 @@ def check_overrides(prog: str, config_name: str, argv: list[str] | None = None) 
         return
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+
+    from .config import compose_dict
 
     try:
         compose_dict(config_name, [a for a in argv if not a.lstrip("+~").startswith("hydra.")])

@@ -108,7 +108,7 @@ def compare(a: list[Record], b: list[Record], claim_sign: int = 1) -> dict:
     oa, ob = outcomes(a), outcomes(b)
     d = bootstrap_difference(oa, ob)
     return {"effect": f"{pct(d)} points", "rates": f"{bootstrap_rate(oa).fmt()} vs {bootstrap_rate(ob).fmt()}",
-            "seeds": f"{len(a)} vs {len(b)}", "diff": d.mean, "ci95": [d.lo, d.hi],
+            "seeds": f"{len(a)} vs {len(b)}", "n_seeds": [len(a), len(b)], "diff": d.mean, "ci95": [d.lo, d.hi],
             "verdict": _verdict(d, claim_sign, min(len(a), len(b)))}
 
 
@@ -189,7 +189,7 @@ def task_counts(rows: list[dict]) -> list[list[str]]:
         for t in TASKS:
             mine = [r for r in rows if r["claim"] == claim and r["measurement"].startswith(f"{t} ") and "† − full" not in r["measurement"]
                     and r["verdict"] != "—"]
-            found = [r["verdict"] for r in mine if min(map(int, re.findall(r"\d+", r["seeds"]))) >= 3]  # "3 vs 3", or "3"
+            found = [r["verdict"] for r in mine if min(r["n_seeds"]) >= 3]
             kind = ("mixed" if "contradicted" in found else "supported") if "supported" in found else \
                 "contradicted" if "contradicted" in found else "not resolved" if found else FEW if mine else "not measured"
             verdicts.append(kind + (f" ({sum(v.startswith(kind) for v in found)} of {len(mine)} rows)" if found else
@@ -224,7 +224,7 @@ def diversity(results: Path, task: str, policy: str) -> list[dict]:
         extra, seeds = " ".join(f"attention.{p}" for p in parts), len(r["values"])
         out.append({"claim": f"More diverse heads ({'Fibottention' if kind.startswith('fib') else 'LookHere'})",
                     "measurement": f"{task} {policy}, 1 − mean pairwise CKA of the heads' outputs, {_label(kind, extra)} − full",
-                    "effect": r["diff_text"], "rates": f"{r['diversity']} (per seed {r['per_seed']})", "seeds": str(seeds),
+                    "effect": r["diff_text"], "rates": f"{r['diversity']} (per seed {r['per_seed']})", "seeds": str(seeds), "n_seeds": [seeds],
                     "verdict": _verdict(Estimate(r["diff"], *r["diff_ci95"], seeds, 0), 1, seeds)})
     return out
 

@@ -359,6 +359,16 @@ def test_ctrl_c_in_generation_is_one_line_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("args", [["train_policy.py", "task=lift"], ["rollout.py", "checkpoint=/nonexistent"],
+                                  ["generate_demos.py", "task=pusht", "out=/nonexistent/g.zarr"]])
+def test_ctrl_c_while_a_command_still_imports_is_one_line(args):
+    # half a second in, the command still imports torch and Hydra (seconds): Python's own traceback before
+    started = time.monotonic()
+    proc = _interrupt(args, lambda _: time.monotonic() - started > 0.5)
+    assert proc.returncode == INTERRUPTED_EXIT, proc.stdout
+    assert proc.stdout.strip() == f"{args[0]}: interrupted; nothing was written"
+
+
 def _spawned_children(marker: str) -> int:
     """How many multiprocessing-spawned children the process whose command line holds ``marker`` has."""
     procs = {}
