@@ -4,7 +4,7 @@
 
 Writes ``results/<study>/table.md`` for every ``records.jsonl`` (rows pooled over seeds, each compared
 with full attention: ``baseline_row``), the claims table between the markers of ``results/claims.md``
-(the prose around it is written by hand), ``results/claims.json`` and the evidence table of the README beside
+(the prose around it is written by hand), ``results/claims.json`` and the README's tables (evidence, verdict per task) beside
 ``results/``. It reads records only: the same
 files on every machine, and a second run changes nothing. Verdicts: ``supported`` (the interval
 excludes 0 on the claimed side), ``contradicted`` (on the other), ``not resolved at this scale``.
@@ -199,6 +199,11 @@ def task_counts(rows: list[dict]) -> list[list[str]]:
     return out
 
 
+def headline(counts: list[list[str]]) -> list[list[str]]:
+    """The README's verdict per claim and task: the tasks table's, without its row counts."""
+    return [[claim, *(v.split(" (")[0] for v in verdicts)] for claim, *verdicts, _ in counts]
+
+
 def lottery(results: Path, task: str, policy: str) -> list[list]:
     """How many training seeds of each encoder collapse under each corruption (the papers' setting), Wilson interval."""
     from core.evaluation import wilson_interval
@@ -316,6 +321,8 @@ def main(argv=None):
     if (readme := results.parent / "README.md").exists():  # the repository's README, beside results/
         write(readme, markdown(["encoder", "clean", "brightness +0.1", "contrast ×0.5"], readme_table(results, args.task, args.policy)),
               "<!-- evidence:begin -->", "<!-- evidence:end -->", append=False)
+        write(readme, markdown(["claim (paper)", *TASKS], headline(tables["tasks"][1])), "<!-- tasks:begin -->",
+              "<!-- tasks:end -->", append=False)
     print(text)
     return rows
 
