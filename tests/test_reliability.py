@@ -390,12 +390,14 @@ def test_children_spawned_in_the_context_ignore_ctrl_c_from_the_start_and_the_pa
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    with children_ignore_sigint():
-        pool = ctx.Pool(1)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job ignores it)
     try:
-        assert pool.apply(_sigint_is_ignored) is True
+        with children_ignore_sigint():
+            pool = ctx.Pool(1)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process: as it was
-    finally:
+        assert pool.apply(_sigint_is_ignored) is True
         pool.terminate()
-    with ctx.Pool(1) as plain:
-        assert plain.apply(_sigint_is_ignored) is False  # outside the context children take Ctrl-C as usual
+        with ctx.Pool(1) as plain:
+            assert plain.apply(_sigint_is_ignored) is False  # outside the context children take Ctrl-C as usual
+    finally:
+        signal.signal(signal.SIGINT, before)
