@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import threading
 import traceback
 from contextlib import contextmanager
 
@@ -49,6 +50,9 @@ def children_ignore_sigint():
     instruction. The cost: a Ctrl-C in the moment the spawning takes (about 0.07 s for a pool of two)
     is ignored by this process too, and the user presses it again.
     """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
+        yield
+        return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
