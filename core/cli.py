@@ -20,6 +20,7 @@ import sys
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError, PermissionError)
 INTERRUPTED_EXIT = 130  # the shell's status for a command ended by SIGINT
+NOTHING_WRITTEN = "interrupted; nothing was written"  # the last line of a command stopped before it wrote a file
 
 
 class Interrupted(KeyboardInterrupt):
@@ -27,7 +28,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _interrupted_at_start(prog: str, signum, frame) -> None:
-    print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
+    print(f"{prog}: {NOTHING_WRITTEN}", file=sys.stderr)
     raise SystemExit(INTERRUPTED_EXIT)
 
 
@@ -75,7 +76,7 @@ def run_command(prog: str, fn, cfg):
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         _close_progress_bars()
-        print(f"{prog}: {str(exc) if isinstance(exc, Interrupted) else 'interrupted; nothing was written'}", file=sys.stderr)
+        print(f"{prog}: {str(exc) if isinstance(exc, Interrupted) else NOTHING_WRITTEN}", file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT) from None
     except (*USER_ERRORS, MissingMandatoryValue) as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":

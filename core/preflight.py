@@ -40,11 +40,11 @@ class WrittenFiles:
         return {p for p in self.root.rglob("*") if p.is_file()} if self.root.is_dir() else set()
 
     def interrupted(self):
-        from .cli import Interrupted
+        from .cli import NOTHING_WRITTEN, Interrupted
 
         new = sorted(self._files() - self.before)
         if not new:
-            return Interrupted("interrupted; nothing was written")
+            return Interrupted(NOTHING_WRITTEN)
         shown = ", ".join(str(p.relative_to(self.root)) for p in new[:SHOWN_ENTRIES])
         more = f" and {len(new) - SHOWN_ENTRIES} more" if len(new) > SHOWN_ENTRIES else ""
         return Interrupted(f"interrupted; {len(new)} file(s) were written under {self.root} ({shown}{more}), "

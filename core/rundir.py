@@ -22,6 +22,7 @@ from pathlib import Path
 
 from policies.checkpoint import checkpoint_step, clean_stale_writes, newest_checkpoint
 
+from .cli import NOTHING_WRITTEN
 from .preflight import check_output_dir, contents
 
 RUN_MARKER = ".run"
@@ -148,7 +149,7 @@ def interrupted_message(run_dir) -> str:
         return (f"interrupted; the newest checkpoint is {newest} (step {checkpoint_step(newest)}): "
                 f"resume=true continues from it")
     if not path.is_dir() or _holds_only_lock(path) or not (path / "config.json").exists():
-        return "interrupted; nothing was written"
+        return NOTHING_WRITTEN
     return f"interrupted before the first checkpoint; {path} holds only config.json and tb/ (overwrite=true starts over)"
 
 

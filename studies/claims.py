@@ -181,27 +181,35 @@ def claims(results: Path, task: str, policy: str) -> list[dict]:
     return sorted(out, key=lambda r: order.index(r["claim"]))  # each claim's rows together, tasks in turn
 
 
-def task_counts(rows: list[dict]) -> list[list[str]]:
-    """Per claim, each task's verdict over its rows of 3+ seeds (the authors' settings † and BigBird aside)."""
-    out = []
+def task_verdicts(rows: list[dict]) -> dict[str, list[tuple[str, str]]]:
+    """Per claim, each task's (verdict, its row counts) over its rows of 3+ seeds (the authors' settings † and BigBird aside)."""
+    out = {}
     for claim in dict.fromkeys(r["claim"] for r in rows if "BigBird" not in r["claim"]):
-        verdicts = []
+        out[claim] = []
         for t in TASKS:
             mine = [r for r in rows if r["claim"] == claim and r["measurement"].startswith(f"{t} ") and "† − full" not in r["measurement"]
                     and r["verdict"] != "—"]
             found = [r["verdict"] for r in mine if min(r["n_seeds"]) >= 3]
             kind = ("mixed" if "contradicted" in found else "supported") if "supported" in found else \
                 "contradicted" if "contradicted" in found else "not resolved" if found else FEW if mine else "not measured"
-            verdicts.append(kind + (f" ({sum(v.startswith(kind) for v in found)} of {len(mine)} rows)" if found else
-                                    f" ({len(mine)} rows)" if mine else ""))
-        count = {k: sum(v.startswith(k) for v in verdicts) for k in ("supported", "contradicted", "not resolved", FEW, "not measured", "mixed")}
-        out.append([claim, *verdicts, ", ".join(f"{k} on {n}" for k, n in count.items() if n) + f" of {len(TASKS)} tasks"])
+            out[claim].append((kind, f" ({sum(v.startswith(kind) for v in found)} of {len(mine)} rows)" if found else
+                               f" ({len(mine)} rows)" if mine else ""))
     return out
 
 
-def headline(counts: list[list[str]]) -> list[list[str]]:
-    """The README's verdict per claim and task: the tasks table's, without its row counts."""
-    return [[claim, *(v.split(" (")[0] for v in verdicts)] for claim, *verdicts, _ in counts]
+def task_counts(verdicts: dict[str, list[tuple[str, str]]]) -> list[list[str]]:
+    """claims.md's table: each task's verdict with its row counts, and on how many tasks each verdict holds."""
+    out = []
+    for claim, per_task in verdicts.items():
+        count = {k: sum(kind == k for kind, _ in per_task) for k in ("supported", "contradicted", "not resolved", FEW, "not measured", "mixed")}
+        out.append([claim, *(kind + rows for kind, rows in per_task),
+                    ", ".join(f"{k} on {n}" for k, n in count.items() if n) + f" of {len(TASKS)} tasks"])
+    return out
+
+
+def headline(verdicts: dict[str, list[tuple[str, str]]]) -> list[list[str]]:
+    """The README's verdict per claim and task, without the row counts."""
+    return [[claim, *(kind for kind, _ in per_task)] for claim, per_task in verdicts.items()]
 
 
 def lottery(results: Path, task: str, policy: str) -> list[list]:
@@ -309,7 +317,8 @@ def main(argv=None):
     tables = {name: ([f"encoder, {label}", "condition", "seeds", "success, mean [95% CI]", "− full attention (papers' setting)",
                       "− itself without it", f"− full attention with {label}"], fix_table(results, args.task, args.policy, fix, encoders))
               for name, (fix, label, encoders) in FIXES.items()}
-    tables["tasks"] = (["claim (paper)", *TASKS, "on the three tasks"], task_counts(rows))
+    verdicts = task_verdicts(rows)
+    tables["tasks"] = (["claim (paper)", *TASKS, "on the three tasks"], task_counts(verdicts))
     tables["lottery"] = (["encoder (papers' setting)", "condition", f"seeds under {COLLAPSE:.0%}", "95% Wilson interval",
                           "per-seed success"], lottery(results, args.task, args.policy))
     for name, (header, body) in tables.items():  # each between its markers, where the prose of claims.md places it
@@ -321,7 +330,7 @@ def main(argv=None):
     if (readme := results.parent / "README.md").exists():  # the repository's README, beside results/
         write(readme, markdown(["encoder", "clean", "brightness +0.1", "contrast ×0.5"], readme_table(results, args.task, args.policy)),
               "<!-- evidence:begin -->", "<!-- evidence:end -->", append=False)
-        write(readme, markdown(["claim (paper)", *TASKS], headline(tables["tasks"][1])), "<!-- tasks:begin -->",
+        write(readme, markdown(["claim (paper)", *TASKS], headline(verdicts)), "<!-- tasks:begin -->",
               "<!-- tasks:end -->", append=False)
     print(text)
     return rows

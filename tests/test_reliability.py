@@ -399,10 +399,15 @@ def test_children_spawned_in_the_context_ignore_ctrl_c_from_the_start_and_the_pa
         pool.terminate()
         with ctx.Pool(1) as plain:
             assert plain.apply(_sigint_is_ignored) is False  # outside the context children take Ctrl-C as usual
-        in_thread = []  # another thread may not set handlers: there the context changes nothing
-        worker = threading.Thread(target=lambda: in_thread.append(children_ignore_sigint().__enter__() is None))
+        seen = []  # another thread may not set handlers: there the context changes nothing
+
+        def in_thread():
+            with children_ignore_sigint():
+                seen.append(signal.getsignal(signal.SIGINT))
+
+        worker = threading.Thread(target=in_thread)
         worker.start()
         worker.join()
-        assert in_thread == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert seen == [signal.default_int_handler] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, before)
