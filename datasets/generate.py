@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import multiprocessing as mp
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any, Optional
 import numpy as np
 from omegaconf import MISSING
 
-from envs.factory import EVAL_SEED_START, children_ignore_sigint
+from envs.factory import EVAL_SEED_START, worker_context
 
 from .episodes import check_writable, contents, recover_output
 
@@ -136,8 +135,7 @@ def _collect_episodes(task: str, num_episodes: int, seeds, image_size: int | Non
     pool, bar = None, None
     try:
         if workers > 1:
-            with children_ignore_sigint():  # Ctrl-C is the parent's: it closes the pool and reports once
-                pool = mp.get_context("spawn").Pool(workers)
+            pool = worker_context().Pool(workers)  # Ctrl-C is the parent's: it closes the pool and reports once
         bar = tqdm(total=num_episodes, desc=f"generate {task}", unit="demo", disable=not progress, dynamic_ncols=True)
         results = pool.imap(_collect, jobs) if pool else map(_collect, jobs)
         for s, episode, error in results:  # imap keeps seed order: same result for any worker count

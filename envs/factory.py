@@ -41,16 +41,10 @@ def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = N
 
 
 @contextmanager
-def children_ignore_sigint():
-    """Processes spawned inside start with Ctrl-C ignored; Ctrl-C stays the parent's, which stops them.
-
-    A spawned child imports the entry script and torch for seconds before its own code can ignore SIGINT,
-    and a Ctrl-C then (the terminal sends it to the whole process group) killed it with a traceback.
-    SIG_IGN is the one disposition exec keeps, so children started here ignore it from their first
-    instruction. The cost: a Ctrl-C in the moment the spawning takes (about 0.07 s for a pool of two)
-    is ignored by this process too, and the user presses it again.
-    """
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
+def _sigint_ignored():
+    """SIGINT ignored in this process while inside; outside the main thread (which alone may set a
+    handler) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -60,8 +54,43 @@ def children_ignore_sigint():
         signal.signal(signal.SIGINT, previous)
 
 
+class _SpawnProcessIgnoringCtrlC(mp.context.SpawnProcess):
+    """A spawned process that leaves Ctrl-C to its parent, which stops it and reports once.
+
+    A spawned child imports the entry script and torch for seconds before its own code runs, and a
+    Ctrl-C then (the terminal sends it to the whole process group) killed it with a traceback. SIG_IGN
+    is the one disposition exec keeps, so this process is launched with it and ignores SIGINT from its
+    first instruction. The parent ignores it too, but only while it launches the child (7-44 ms for a
+    pool of two on a loaded 2-core machine), not through the pool's whole start-up, so a Ctrl-C soon
+    after the workers exist is the parent's again. ``run`` ignores it once more, for a child launched
+    from another thread, where the parent may not change handlers.
+    """
+
+    @staticmethod
+    def _Popen(process_obj):
+        with _sigint_ignored():
+            return mp.context.SpawnProcess._Popen(process_obj)
+
+    def run(self):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        super().run()
+
+
+class _SpawnContextIgnoringCtrlC(mp.context.SpawnContext):
+    Process = _SpawnProcessIgnoringCtrlC
+
+
+def worker_context() -> mp.context.BaseContext:
+    """The multiprocessing context for environment and generation workers: ``spawn`` (forked OpenGL/EGL
+    contexts crash) with children that ignore Ctrl-C from their first instruction."""
+    if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
+        # inside a joblib (loky) worker the process-wide start method is "loky", which a spawned
+        # child cannot set up: spawn's children inherit the parent's method by name
+        mp.set_start_method("spawn", force=True)
+    return _SpawnContextIgnoringCtrlC()
+
+
 def _worker(conn, task: str, kwargs: dict) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it closes the pool and reports once
     try:
         env = make_env(task, **kwargs)
     except Exception:
@@ -122,8 +151,7 @@ class WorkerEnv:
     def __init__(self, task: str, kwargs: dict, ctx):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(child, task, kwargs), daemon=True)
-        with children_ignore_sigint():
-            self.proc.start()
+        self.proc.start()
         child.close()  # the worker's end lives in the worker only: if it dies, recv() ends instead of waiting forever
         try:
             status, msg = self.conn.recv()
@@ -163,11 +191,7 @@ class EnvPool:
         if workers == 0:
             self.envs = [LocalEnv(task, kwargs)]
         else:
-            if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
-                # inside a joblib (loky) worker the process-wide start method is "loky", which a spawned
-                # child cannot set up: spawn's children inherit the parent's method by name
-                mp.set_start_method("spawn", force=True)
-            ctx = mp.get_context("spawn")
+            ctx = worker_context()
             self.envs = [WorkerEnv(task, kwargs, ctx) for _ in range(workers)]
 
     def __len__(self) -> int:

@@ -22,7 +22,7 @@ from datasets.factory import make_dataset
 from datasets.generate import generate
 from datasets.robomimic_hdf5 import TASK_ENV_NAMES, read_robomimic_hdf5, write_robomimic_hdf5
 from datasets.zarr_replay import read_pusht_zarr, write_pusht_zarr
-from envs.factory import children_ignore_sigint
+from envs.factory import worker_context
 from tests.helpers import REPO, TINY_POLICY, compose, pusht_episodes, run_command, tiny_train_cfg
 
 LIFT_OBS = {"agentview_image": (84, 84, 3), "robot0_eye_in_hand_image": (84, 84, 3), "robot0_eef_pos": (3,),
@@ -300,8 +300,8 @@ def test_rollout_out_dir_that_is_a_file_is_refused_before_the_policy_loads(tmp_p
 
 # --- Ctrl-C: one line, saying what was written ----------------------------------------------------------
 def _interrupt(args: list[str], ready, limit: float = 240.0) -> subprocess.CompletedProcess:
-    """Start a command in a session of its own, wait until ``ready(output_so_far)``, SIGINT its process
-    group (what Ctrl-C in a terminal does), and return how it ended."""
+    """Start a command in a session of its own, wait until ``ready(pid)``, SIGINT its process group (what
+    Ctrl-C in a terminal does), and return how it ended."""
     proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -309,8 +309,8 @@ def _interrupt(args: list[str], ready, limit: float = 240.0) -> subprocess.Compl
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(64), "")), daemon=True)
     reader.start()
     deadline = time.monotonic() + limit
-    while not ready("".join(chunks)) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while not ready(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert proc.poll() is None, "".join(chunks)
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=120)
@@ -328,7 +328,7 @@ def test_ctrl_c_in_training_is_one_line_naming_the_checkpoint(tmp_path, tiny_pus
     args = ["train_policy.py", "task=pusht", "policy=bc", "recipe=none", f"task.dataset.path={tiny_pusht_zarr}",
             f"run_dir={run}", "train.steps=100000", "train.checkpoint_every=1", "train.batch_size=4",
             "train.val_fraction=0.34", "train.num_threads=1", *TINY_POLICY]
-    proc = _interrupt(args, lambda out: (run / "checkpoints" / "step_0000002").exists())
+    proc = _interrupt(args, lambda _: (run / "checkpoints" / "step_0000002").exists())
     assert proc.returncode == INTERRUPTED_EXIT and "Traceback" not in proc.stdout
     assert _last_line(proc.stdout).startswith(f"train_policy.py: interrupted; the newest checkpoint is {run}/checkpoints/")
     assert _last_line(proc.stdout).endswith(": resume=true continues from it")
@@ -351,9 +351,9 @@ def test_ctrl_c_in_a_rollout_is_one_line_saying_what_was_written(tmp_path, tiny_
 def test_ctrl_c_in_generation_is_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "g.zarr"
     args = ["generate_demos.py", "task=pusht", "num_episodes=1000", f"out={out}", "workers=2"]
-    # as soon as the pool's workers exist, while they still import torch: a Ctrl-C then killed them with a
-    # traceback each (and once, under load, the command did not end)
-    proc = _interrupt(args, lambda _: _spawned_children(f"out={out}") == 2)
+    # as soon as the pool's workers exist and the parent takes Ctrl-C again, while the workers still import
+    # torch: a Ctrl-C then killed them with a traceback each
+    proc = _interrupt(args, lambda pid: _spawned_children(pid) == 2 and not _ignores_sigint(pid))
     assert proc.returncode == INTERRUPTED_EXIT and "Traceback" not in proc.stdout, proc.stdout
     assert _last_line(proc.stdout) == "generate_demos.py: interrupted; nothing was written"
     assert list(tmp_path.iterdir()) == []
@@ -362,52 +362,64 @@ def test_ctrl_c_in_generation_is_one_line_and_writes_nothing(tmp_path):
 @pytest.mark.parametrize("args", [["train_policy.py", "task=lift"], ["rollout.py", "checkpoint=/nonexistent"],
                                   ["generate_demos.py", "task=pusht", "out=/nonexistent/g.zarr"]])
 def test_ctrl_c_while_a_command_still_imports_is_one_line(args):
-    # half a second in, the command still imports torch and Hydra (seconds): Python's own traceback before
-    started = time.monotonic()
-    proc = _interrupt(args, lambda _: time.monotonic() - started > 0.5)
+    # as soon as it loads its first compiled library (numpy's, torch's: seconds of imports follow), which
+    # only the entry script's imports do: Python's own traceback before. Earlier, while Python itself
+    # starts, no code of ours has run yet
+    proc = _interrupt(args, _loads_site_packages_library)
     assert proc.returncode == INTERRUPTED_EXIT, proc.stdout
     assert proc.stdout.strip() == f"{args[0]}: interrupted; nothing was written"
 
 
-def _spawned_children(marker: str) -> int:
-    """How many multiprocessing-spawned children the process whose command line holds ``marker`` has."""
-    procs = {}
+def _spawned_children(parent: int) -> int:
+    """How many multiprocessing-spawned children process ``parent`` has."""
+    count = 0
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             ppid = int(status.read_text().split("PPid:")[1].split()[0])
-            procs[int(status.parent.name)] = (ppid, (status.parent / "cmdline").read_bytes().decode(errors="replace"))
+            count += ppid == parent and b"spawn_main" in (status.parent / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):  # a process that ended while we read
             continue
-    parents = {pid for pid, (_, cmd) in procs.items() if marker in cmd and "--multiprocessing-fork" not in cmd}
-    return sum(ppid in parents and "spawn_main" in cmd for ppid, cmd in procs.values())
+    return count
 
 
-def _sigint_is_ignored() -> bool:
-    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+def _ignores_sigint(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGINT now (its SigIgn mask; whatever its own code believes)."""
+    mask = int(Path(f"/proc/{pid}/status").read_text().split("SigIgn:")[1].split()[0], 16)
+    return bool(mask >> (signal.SIGINT - 1) & 1)
 
 
-def test_children_spawned_in_the_context_ignore_ctrl_c_from_the_start_and_the_parent_does_not():
+def _loads_site_packages_library(pid: int) -> bool:
+    return any("site-packages" in line and ".so" in line for line in open(f"/proc/{pid}/maps"))
+
+
+def _report_sigint_ignored(queue) -> None:
+    queue.put(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+
+
+def _start_and_report(ctx) -> tuple[bool, bool]:
+    """(SIGINT ignored by a child of ``ctx`` right after its launch, while it still imports; by its code)."""
+    queue = ctx.SimpleQueue()
+    child = ctx.Process(target=_report_sigint_ignored, args=(queue,))
+    child.start()
+    at_launch = _ignores_sigint(child.pid)
+    in_code = queue.get()
+    child.join()
+    return at_launch, in_code
+
+
+def test_workers_ignore_ctrl_c_from_their_first_instruction_and_the_parent_does_not():
     import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job ignores it)
     try:
-        with children_ignore_sigint():
-            pool = ctx.Pool(1)
+        assert _start_and_report(worker_context()) == (True, True)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process: as it was
-        assert pool.apply(_sigint_is_ignored) is True
-        pool.terminate()
-        with ctx.Pool(1) as plain:
-            assert plain.apply(_sigint_is_ignored) is False  # outside the context children take Ctrl-C as usual
-        seen = []  # another thread may not set handlers: there the context changes nothing
-
-        def in_thread():
-            with children_ignore_sigint():
-                seen.append(signal.getsignal(signal.SIGINT))
-
-        worker = threading.Thread(target=in_thread)
-        worker.start()
-        worker.join()
-        assert seen == [signal.default_int_handler] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert _start_and_report(mp.get_context("spawn")) == (False, False)  # plain spawn: Ctrl-C as usual
+        # another thread may not set handlers: its children ignore Ctrl-C only once their own code runs
+        seen = []
+        launcher = threading.Thread(target=lambda: seen.append(_start_and_report(worker_context())))
+        launcher.start()
+        launcher.join()
+        assert seen == [(False, True)] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, before)
