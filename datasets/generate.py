@@ -25,7 +25,7 @@ from typing import Any, Optional
 import numpy as np
 from omegaconf import MISSING
 
-from envs.factory import EVAL_SEED_START, worker_context
+from envs.factory import EVAL_SEED_START, ctrl_c_deferred, worker_context
 
 from .episodes import check_writable, contents, recover_output
 
@@ -135,7 +135,8 @@ def _collect_episodes(task: str, num_episodes: int, seeds, image_size: int | Non
     pool, bar = None, None
     try:
         if workers > 1:
-            pool = worker_context().Pool(workers)  # Ctrl-C is the parent's: it closes the pool and reports once
+            with ctrl_c_deferred():  # a Ctrl-C in the middle of Pool() comes once `pool` exists: finally stops it
+                pool = worker_context().Pool(workers)  # Ctrl-C is the parent's: it closes the pool and reports once
         bar = tqdm(total=num_episodes, desc=f"generate {task}", unit="demo", disable=not progress, dynamic_ncols=True)
         results = pool.imap(_collect, jobs) if pool else map(_collect, jobs)
         for s, episode, error in results:  # imap keeps seed order: same result for any worker count

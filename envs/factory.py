@@ -41,38 +41,48 @@ def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = N
 
 
 @contextmanager
-def _sigint_ignored():
-    """SIGINT ignored in this process while inside; outside the main thread (which alone may set a
-    handler) nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
+def ctrl_c_deferred():
+    """A Ctrl-C inside is held until the block ends, then delivered to the handler of before.
+
+    Starting workers is not cut in half: a Ctrl-C in the middle of ``Pool()`` or of a rollout's workers
+    left running workers that nothing owned, and each failed seconds later with a traceback (rebuilding
+    a queue the parent had removed, reading a pipe it had closed). Nothing changes where SIGINT is
+    ignored (a background job) or outside the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda *_: held.append(True))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+    if held:
+        signal.raise_signal(signal.SIGINT)
 
 
 class _SpawnProcessIgnoringCtrlC(mp.context.SpawnProcess):
     """A spawned process that leaves Ctrl-C to its parent, which stops it and reports once.
 
     A spawned child imports the entry script and torch for seconds before its own code runs, and a
-    Ctrl-C then (the terminal sends it to the whole process group) killed it with a traceback. SIG_IGN
-    is the one disposition exec keeps, so this process is launched with it and ignores SIGINT from its
-    first instruction. The parent ignores it too, but only while it launches the child (7-44 ms for a
-    pool of two on a loaded 2-core machine), not through the pool's whole start-up, so a Ctrl-C soon
-    after the workers exist is the parent's again. ``run`` ignores it once more, for a child launched
-    from another thread, where the parent may not change handlers.
+    Ctrl-C then (the terminal sends it to the whole process group) killed it with a traceback. The
+    launching thread blocks SIGINT while it launches, and the child inherits that mask through exec:
+    from its first instruction a Ctrl-C waits, until ``run`` ignores it for good (dropping one that
+    waited). The parent loses none: one that came during the launch is delivered right after it.
     """
 
     @staticmethod
     def _Popen(process_obj):
-        with _sigint_ignored():
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
             return mp.context.SpawnProcess._Popen(process_obj)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     def run(self):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # first: a Ctrl-C that waited is dropped, not delivered
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         super().run()
 
 
@@ -82,7 +92,7 @@ class _SpawnContextIgnoringCtrlC(mp.context.SpawnContext):
 
 def worker_context() -> mp.context.BaseContext:
     """The multiprocessing context for environment and generation workers: ``spawn`` (forked OpenGL/EGL
-    contexts crash) with children that ignore Ctrl-C from their first instruction."""
+    contexts crash) with children that hold Ctrl-C back from their first instruction, then ignore it."""
     if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
         # inside a joblib (loky) worker the process-wide start method is "loky", which a spawned
         # child cannot set up: spawn's children inherit the parent's method by name
@@ -153,6 +163,8 @@ class WorkerEnv:
         self.proc = ctx.Process(target=_worker, args=(child, task, kwargs), daemon=True)
         self.proc.start()
         child.close()  # the worker's end lives in the worker only: if it dies, recv() ends instead of waiting forever
+
+    def wait_ready(self) -> None:
         try:
             status, msg = self.conn.recv()
         except EOFError:
@@ -181,6 +193,10 @@ class WorkerEnv:
         if self.proc.is_alive():
             self.proc.kill()
 
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+
 
 class EnvPool:
     """``max(1, workers)`` environments; with workers > 0 each lives in its own process."""
@@ -192,7 +208,16 @@ class EnvPool:
             self.envs = [LocalEnv(task, kwargs)]
         else:
             ctx = worker_context()
-            self.envs = [WorkerEnv(task, kwargs, ctx) for _ in range(workers)]
+            self.envs = []
+            try:
+                with ctrl_c_deferred():  # all started, or none
+                    self.envs = [WorkerEnv(task, kwargs, ctx) for _ in range(workers)]
+                for env in self.envs:  # they import and build their environments at once, seconds each
+                    env.wait_ready()
+            except BaseException:  # a worker that failed to start, or Ctrl-C: no worker outlives this
+                for env in self.envs:
+                    env.kill()
+                raise
 
     def __len__(self) -> int:
         return len(self.envs)

@@ -22,8 +22,9 @@ from datasets.factory import make_dataset
 from datasets.generate import generate
 from datasets.robomimic_hdf5 import TASK_ENV_NAMES, read_robomimic_hdf5, write_robomimic_hdf5
 from datasets.zarr_replay import read_pusht_zarr, write_pusht_zarr
-from envs.factory import worker_context
+from envs.factory import ctrl_c_deferred, worker_context
 from tests.helpers import REPO, TINY_POLICY, compose, pusht_episodes, run_command, tiny_train_cfg
+from tests.sigint_probe import report_sigint_ignored
 
 LIFT_OBS = {"agentview_image": (84, 84, 3), "robot0_eye_in_hand_image": (84, 84, 3), "robot0_eef_pos": (3,),
             "robot0_eef_quat": (4,), "robot0_gripper_qpos": (2,)}  # configs/task/lift.yaml
@@ -351,12 +352,24 @@ def test_ctrl_c_in_a_rollout_is_one_line_saying_what_was_written(tmp_path, tiny_
 def test_ctrl_c_in_generation_is_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "g.zarr"
     args = ["generate_demos.py", "task=pusht", "num_episodes=1000", f"out={out}", "workers=2"]
-    # as soon as the pool's workers exist and the parent takes Ctrl-C again, while the workers still import
-    # torch: a Ctrl-C then killed them with a traceback each
-    proc = _interrupt(args, lambda pid: _spawned_children(pid) == 2 and not _ignores_sigint(pid))
+    # as soon as the pool's workers exist, while they still import torch: a Ctrl-C then killed them with a
+    # traceback each
+    proc = _interrupt(args, lambda pid: len(_spawned_children(pid)) == 2)
     assert proc.returncode == INTERRUPTED_EXIT and "Traceback" not in proc.stdout, proc.stdout
     assert _last_line(proc.stdout) == "generate_demos.py: interrupted; nothing was written"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_while_rollout_workers_start_is_one_line_and_stops_them(tmp_path, tiny_pusht_zarr):
+    ckpt = train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc")).checkpoint
+    out, workers = tmp_path / "eval", []
+    args = ["rollout.py", f"checkpoint={ckpt}", f"out_dir={out}", "num_episodes=4", "workers=2", "device=cpu"]
+    proc = _interrupt(args, lambda pid: len(found := _spawned_children(pid)) == 2 and not workers.extend(found))
+    assert proc.returncode == INTERRUPTED_EXIT and "Traceback" not in proc.stdout, proc.stdout
+    assert _last_line(proc.stdout) == "rollout.py: interrupted; nothing was written"
+    assert len(workers) == 2 and not [w for w in workers if Path(f"/proc/{w}").exists()]  # none outlives it
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("args", [["train_policy.py", "task=lift"], ["rollout.py", "checkpoint=/nonexistent"],
@@ -370,21 +383,23 @@ def test_ctrl_c_while_a_command_still_imports_is_one_line(args):
     assert proc.stdout.strip() == f"{args[0]}: interrupted; nothing was written"
 
 
-def _spawned_children(parent: int) -> int:
-    """How many multiprocessing-spawned children process ``parent`` has."""
-    count = 0
+def _spawned_children(parent: int) -> list[int]:
+    """The multiprocessing-spawned children of process ``parent``."""
+    found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
-            ppid = int(status.read_text().split("PPid:")[1].split()[0])
-            count += ppid == parent and b"spawn_main" in (status.parent / "cmdline").read_bytes()
+            if int(status.read_text().split("PPid:")[1].split()[0]) == parent and \
+                    b"spawn_main" in (status.parent / "cmdline").read_bytes():
+                found.append(int(status.parent.name))
         except (OSError, IndexError, ValueError):  # a process that ended while we read
             continue
-    return count
+    return found
 
 
-def _ignores_sigint(pid: int) -> bool:
-    """Whether process ``pid`` ignores SIGINT now (its SigIgn mask; whatever its own code believes)."""
-    mask = int(Path(f"/proc/{pid}/status").read_text().split("SigIgn:")[1].split()[0], 16)
+def _holds_back_sigint(pid: int) -> bool:
+    """Whether process ``pid`` blocks or ignores SIGINT now (its SigBlk and SigIgn masks, from /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(status.split("SigBlk:")[1].split()[0], 16) | int(status.split("SigIgn:")[1].split()[0], 16)
     return bool(mask >> (signal.SIGINT - 1) & 1)
 
 
@@ -392,34 +407,60 @@ def _loads_site_packages_library(pid: int) -> bool:
     return any("site-packages" in line and ".so" in line for line in open(f"/proc/{pid}/maps"))
 
 
-def _report_sigint_ignored(queue) -> None:
-    queue.put(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+def test_a_ctrl_c_while_workers_start_is_held_until_they_all_have():
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        reached = []
+        with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # a signal is handled between bytecodes: here, had it not been held
+                reached.append("end of block")
+        assert reached == ["end of block"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job ignores Ctrl-C: it stays ignored
+        with ctrl_c_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _start_and_report(ctx) -> tuple[bool, bool]:
-    """(SIGINT ignored by a child of ``ctx`` right after its launch, while it still imports; by its code)."""
+    """(a child of ``ctx`` holds SIGINT back right after its launch, while it still imports; it ignores
+    SIGINT once its own code runs)."""
     queue = ctx.SimpleQueue()
-    child = ctx.Process(target=_report_sigint_ignored, args=(queue,))
+    child = ctx.Process(target=report_sigint_ignored, args=(queue,))
     child.start()
-    at_launch = _ignores_sigint(child.pid)
+    at_launch = _holds_back_sigint(child.pid)
     in_code = queue.get()
     child.join()
     return at_launch, in_code
 
 
-def test_workers_ignore_ctrl_c_from_their_first_instruction_and_the_parent_does_not():
+def test_workers_hold_ctrl_c_back_from_their_first_instruction_and_the_parent_loses_none(monkeypatch):
     import multiprocessing as mp
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job ignores it)
     try:
         assert _start_and_report(worker_context()) == (True, True)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process: as it was
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # this thread: as it was
         assert _start_and_report(mp.get_context("spawn")) == (False, False)  # plain spawn: Ctrl-C as usual
-        # another thread may not set handlers: its children ignore Ctrl-C only once their own code runs
-        seen = []
+        seen = []  # launched from another thread: the same
         launcher = threading.Thread(target=lambda: seen.append(_start_and_report(worker_context())))
         launcher.start()
         launcher.join()
-        assert seen == [(False, True)] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert seen == [(True, True)]
+        # a Ctrl-C in the middle of a launch reaches this process after it (ignored during launches, it was lost)
+        launch = mp.context.SpawnProcess._Popen
+
+        def interrupted_launch(process_obj):
+            os.kill(os.getpid(), signal.SIGINT)
+            return launch(process_obj)
+
+        monkeypatch.setattr(mp.context.SpawnProcess, "_Popen", staticmethod(interrupted_launch))
+        child = worker_context().Process(target=time.sleep, args=(0,))
+        with pytest.raises(KeyboardInterrupt), ctrl_c_deferred():  # as where the package starts workers
+            child.start()
+        child.join()
     finally:
         signal.signal(signal.SIGINT, before)
