@@ -135,8 +135,8 @@ def _collect_episodes(task: str, num_episodes: int, seeds, image_size: int | Non
     pool, bar = None, None
     try:
         if workers > 1:
-            with ctrl_c_deferred():  # a Ctrl-C in the middle of Pool() comes once `pool` exists: finally stops it
-                pool = worker_context().Pool(workers)  # Ctrl-C is the parent's: it closes the pool and reports once
+            with ctrl_c_deferred():  # a Ctrl-C during Pool() waits until `pool` exists, so `finally` can stop it;
+                pool = worker_context().Pool(workers)  # the workers ignore Ctrl-C: the parent reports it once
         bar = tqdm(total=num_episodes, desc=f"generate {task}", unit="demo", disable=not progress, dynamic_ncols=True)
         results = pool.imap(_collect, jobs) if pool else map(_collect, jobs)
         for s, episode, error in results:  # imap keeps seed order: same result for any worker count

@@ -210,8 +210,9 @@ class EnvPool:
             ctx = worker_context()
             self.envs = []
             try:
-                with ctrl_c_deferred():  # all started, or none
-                    self.envs = [WorkerEnv(task, kwargs, ctx) for _ in range(workers)]
+                with ctrl_c_deferred():  # all started, or none: each is listed as it starts, for the kill below
+                    for _ in range(workers):
+                        self.envs.append(WorkerEnv(task, kwargs, ctx))
                 for env in self.envs:  # they import and build their environments at once, seconds each
                     env.wait_ready()
             except BaseException:  # a worker that failed to start, or Ctrl-C: no worker outlives this

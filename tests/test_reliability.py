@@ -464,3 +464,24 @@ def test_workers_hold_ctrl_c_back_from_their_first_instruction_and_the_parent_lo
         child.join()
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_worker_that_cannot_start_takes_the_started_ones_with_it(monkeypatch):
+    """The second launch fails (e.g. no memory for a process): the first worker, already running, is killed."""
+    from envs import factory
+
+    started, killed = [], []
+
+    class Launch:
+        def __init__(self, task, kwargs, ctx):
+            if started:
+                raise OSError("[Errno 12] Cannot allocate memory")
+            started.append(self)
+
+        def kill(self):
+            killed.append(self)
+
+    monkeypatch.setattr(factory, "WorkerEnv", Launch)
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        factory.EnvPool("pusht", {}, workers=3)
+    assert len(started) == 1 and killed == started
