@@ -74,6 +74,11 @@ class _SpawnProcessIgnoringCtrlC(mp.context.SpawnProcess):
 
     @staticmethod
     def _Popen(process_obj):
+        # the launch starts multiprocessing's resource tracker the first time, and that start unblocks
+        # SIGINT in this thread when it is done: started first, it leaves our block in place
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             return mp.context.SpawnProcess._Popen(process_obj)

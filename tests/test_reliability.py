@@ -485,3 +485,13 @@ def test_a_worker_that_cannot_start_takes_the_started_ones_with_it(monkeypatch):
     with pytest.raises(OSError, match="Cannot allocate memory"):
         factory.EnvPool("pusht", {}, workers=3)
     assert len(started) == 1 and killed == started
+
+
+def test_the_first_worker_of_a_process_holds_ctrl_c_back_too():
+    """The first launch also starts multiprocessing's resource tracker, whose start unblocks SIGINT in the
+    launching thread: in a fresh process, the first worker must still hold Ctrl-C back from its launch."""
+    code = "import time; from tests.test_reliability import _holds_back_sigint; from envs.factory import worker_context; " \
+           "child = worker_context().Process(target=time.sleep, args=(30,)); child.start(); " \
+           "print(_holds_back_sigint(child.pid)); child.kill()"  # no queue or lock first: they start the tracker
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stdout + out.stderr
