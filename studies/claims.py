@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from core.preflight import replace_file
-from studies.records import Record, load
+from studies.records import Record, canonical, load
 from studies.stats import Estimate, bootstrap_difference, bootstrap_rate, verdict
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -99,7 +99,7 @@ def study_table(study: str, records: list[Record]) -> str:
 def best(rows: dict, task, policy, attention, extra, condition, steps=None) -> list[Record] | None:
     """The matching row with the most seeds (older single-seed rows stay in the tables); ``extra`` less ``train.steps``."""
     found = [recs for (t, p, a, s, e, c), recs in rows.items() if (t, p, a, c) == (task, policy, attention, condition)
-             and [w for w in e.split() if not w.startswith("train.steps=")] == extra.split() and steps in (None, s)]
+             and [w for w in e.split() if not w.startswith("train.steps=")] == canonical(extra).split() and steps in (None, s)]
     return max(found, key=len, default=None)
 
 

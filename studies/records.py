@@ -47,6 +47,15 @@ class Record:
 
     key = property(lambda self: (*self.row, self.seed))  # one training, one condition
 
+    def __post_init__(self):  # frozen: the one place the overrides' order is set
+        object.__setattr__(self, "extra", canonical(self.extra))
+
+
+def canonical(extra: str) -> str:
+    """Overrides sorted by key: a run whose config lists its fields in another order (a dataclass
+    reordered since) pools with the older runs of the same overrides."""
+    return " ".join(sorted(extra.split(), key=lambda w: w.lstrip("+~")))
+
 
 def load(results: Path, study: str) -> list[Record]:
     path = Path(results) / study / "records.jsonl"

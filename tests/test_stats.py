@@ -107,6 +107,23 @@ def test_each_row_is_compared_with_full_attention_less_its_attention_settings():
     assert baseline_row(("can", "bc", "fibottention", 15000, "", "brightness1")) == ("can", "bc", "full", 15000, "", "brightness1")
 
 
+def test_runs_with_the_same_overrides_in_another_order_pool_in_one_row(tmp_path):
+    """A dataclass whose fields were reordered since lists a newer run's overrides in another order."""
+    from studies.claims import best, rows_of
+    from studies.records import Record, load, save
+
+    older = Record("lift", "bc", "lookhere", 4000, "policy.vit.pool=cls attention.rotate_directions=false ~task.x", 0, "clean", 46, 50)
+    (tmp_path / "main").mkdir()
+    (tmp_path / "main" / "records.jsonl").write_text(json.dumps({**older.__dict__, "extra": "policy.vit.pool=cls "
+                                                                 "attention.rotate_directions=false ~task.x"}) + "\n")  # as written before
+    save(tmp_path, "main", [Record("lift", "bc", "lookhere", 4000, "attention.rotate_directions=false ~task.x policy.vit.pool=cls",
+                                   2, "clean", 40, 50)])
+    rows = rows_of(load(tmp_path, "main"))
+    assert list(rows) == [("lift", "bc", "lookhere", 4000, "attention.rotate_directions=false policy.vit.pool=cls ~task.x", "clean")]
+    assert [r.seed for r in best(rows, "lift", "bc", "lookhere", "~task.x policy.vit.pool=cls attention.rotate_directions=false",
+                                 "clean")] == [0, 2]
+
+
 def test_the_committed_tables_and_claims_are_what_the_committed_records_give(tmp_path):
     """``python -m studies.claims`` on a fresh clone changes nothing, and a second run changes nothing either."""
     import shutil
