@@ -2,7 +2,7 @@
 
     python -m studies show robustness            # the commands it would run; nothing runs
     python -m studies run robustness [--budget cpu] [--seeds 0,1] [--jobs 2] [--engine joblib|local|slurm]
-    python -m studies add robustness RUN_DIR ... [--recipe cpu]      # docs/studies.md
+    python -m studies add robustness RUN_DIR ... [--recipe cpu] [--evals clean,brightness1]   # docs/studies.md
 """
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def parse(argv):
     parser.add_argument("--seeds", type=seeds, help="the budget's seeds, replaced: comma-separated")
     parser.add_argument("--results", default="results", help="records, tables and cells/ (default results/)")
     parser.add_argument("--recipe", default="cpu", help="add: the recipe the runs were trained with")
+    parser.add_argument("--evals", type=lambda t: t.split(","), help="add: only these folders of RUN_DIR/eval/, comma-separated "
+                        "(default: every one)")
     parser.add_argument("--engine", choices=["joblib", "local", "slurm"], default="joblib", help="joblib, or submitit's local / slurm")
     parser.add_argument("--jobs", type=int, default=1, help="joblib: commands at once")
     parser.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE", help="submitit parameter, e.g. slurm_partition=gpu")
@@ -51,7 +53,11 @@ def main(argv=None) -> list[str]:
         if args.verb == "add":
             from studies.records import records_of_run, save
 
-            records = [r for run in args.runs for r in records_of_run(Path(run), args.recipe)]
+            missing = [f"{run}/eval/{e}" for run in args.runs for e in args.evals or [] if not Path(run, "eval", e, "summary.json").exists()]
+            if missing:
+                raise FileNotFoundError(f"{', '.join(missing)}: no summary.json; give --evals the names of evaluation folders "
+                                        "that rollout.py out_dir=RUN_DIR/eval/NAME wrote")
+            records = [r for run in args.runs for r in records_of_run(Path(run), args.recipe, args.evals)]
             print(f"{args.study}: {save(results, args.study, records)} new or changed of {len(records)} records; "
                   f"python -m studies.claims rebuilds the tables")
             return []

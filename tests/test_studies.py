@@ -53,6 +53,12 @@ def test_a_study_trains_and_evaluates_each_cell_once_records_it_and_a_failure_st
     # the same evaluations, recorded from the run directory as a plain run's are
     assert studies_main(["add", "plain", str(cell.run_dir), "--recipe", "none", "--results", str(results)]) == []
     assert [replace(r, commit="") for r in load(results, "plain")] == [replace(r, commit="") for r in records]
+    # only the evaluations a study is about (a run evaluated for several studies)
+    assert studies_main(["add", "clean_only", str(cell.run_dir), "--evals", "clean", "--recipe", "none", "--results", str(results)]) == []
+    assert [r.condition for r in load(results, "clean_only")] == ["clean"]
+    with pytest.raises(SystemExit):
+        studies_main(["add", "clean_only", str(cell.run_dir), "--evals", "clean,contrast2", "--results", str(results)])
+    assert "eval/contrast2: no summary.json" in capsys.readouterr().err and len(load(results, "clean_only")) == 1
 
 
 def test_an_interrupted_cell_resumes_from_its_checkpoint(tmp_path, tiny_budget):
