@@ -98,8 +98,9 @@ def study_table(study: str, records: list[Record]) -> str:
 
 def best(rows: dict, task, policy, attention, extra, condition, steps=None) -> list[Record] | None:
     """The matching row with the most seeds (older single-seed rows stay in the tables); ``extra`` less ``train.steps``."""
+    wanted = canonical(extra).split()  # rows' own extra is canonical already (Record)
     found = [recs for (t, p, a, s, e, c), recs in rows.items() if (t, p, a, c) == (task, policy, attention, condition)
-             and [w for w in e.split() if not w.startswith("train.steps=")] == canonical(extra).split() and steps in (None, s)]
+             and [w for w in e.split() if not w.startswith("train.steps=")] == wanted and steps in (None, s)]
     return max(found, key=len, default=None)
 
 
