@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from collections import deque
 from pathlib import Path
@@ -24,20 +23,7 @@ from policies.vision.vit import patch_grid
 
 from .config import InferenceOverrides, RolloutConfig, TaskConfig, from_dict
 from .preflight import WrittenFiles, check_output_dir, replace_file
-
-
-Z_95 = 1.96  # the standard normal's two-sided 95% quantile
-
-
-def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion (sane at 0/n and n/n, unlike Wald)."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+from .stats import wilson_interval
 
 
 class OverrideError(ValueError):

@@ -20,7 +20,7 @@ import numpy as np
 
 from core.preflight import replace_file
 from studies.records import Record, canonical, load
-from studies.stats import Estimate, bootstrap_difference, bootstrap_rate, verdict
+from core.stats import Estimate, bootstrap_difference, bootstrap_rate, verdict
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 # the training-side fixes of claims.md, each a table of its own between markers
@@ -215,7 +215,7 @@ def headline(verdicts: dict[str, list[tuple[str, str]]]) -> list[list[str]]:
 
 def lottery(results: Path, task: str, policy: str) -> list[list]:
     """How many training seeds of each encoder collapse under each corruption (the papers' setting), Wilson interval."""
-    from core.evaluation import wilson_interval
+    from core.stats import wilson_interval
 
     rob, out = rows_of(load(results, "robustness")), []
     for a, c in ((a, c) for a in ("full", "fibottention", "lookhere", "bigbird") for c in ("brightness1", "contrast2")):

@@ -13,6 +13,7 @@ FORBIDDEN = {
     "datasets": ("core", "studies", "policies", *ENTRY_SCRIPTS),
     "envs": ("core", "studies", "policies", *ENTRY_SCRIPTS),
     "policies": ("core", "studies", "datasets", *ENTRY_SCRIPTS),
+    "common": ("core", "studies", "datasets", "policies", "envs", *ENTRY_SCRIPTS),  # the lowest layer
 }
 
 

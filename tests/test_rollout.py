@@ -4,18 +4,18 @@ import math
 
 import pytest
 
-from core import evaluation
+from core import evaluation, stats
 from core.config import compose
 from core.training import train
 from tests.helpers import run_command, tiny_train_cfg
 
 
 def test_wilson_interval_known_values():
-    lo, hi = evaluation.wilson_interval(0, 50)
+    lo, hi = stats.wilson_interval(0, 50)
     assert lo == 0.0 and hi == pytest.approx(0.0714, abs=1e-3)
-    lo, hi = evaluation.wilson_interval(45, 50)
+    lo, hi = stats.wilson_interval(45, 50)
     assert (lo, hi) == (pytest.approx(0.7864, abs=1e-3), pytest.approx(0.9565, abs=1e-3))
-    assert evaluation.wilson_interval(50, 50)[1] == 1.0
+    assert stats.wilson_interval(50, 50)[1] == 1.0
 
 
 @pytest.fixture(scope="module")

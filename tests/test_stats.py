@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from studies.stats import bootstrap_difference, bootstrap_rate, verdict
+from core.stats import bootstrap_difference, bootstrap_rate, verdict
 
 
 def test_identical_seeds_give_the_binomial_width():

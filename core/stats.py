@@ -2,12 +2,28 @@
 A success rate is a draw from two lotteries (training seed, initial states). ``bootstrap_rate`` resamples
 seeds, then each drawn seed's episodes, so the interval widens when seeds disagree; ``bootstrap_difference``
 does so for two methods independently. With one seed the interval reflects episodes only.
+``wilson_interval`` is one evaluation's interval (one seed, binomial episodes). Every statistic of the
+package lives here: the evaluator's summary and the studies' tables import it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+Z_95 = 1.96  # the standard normal's two-sided 95% quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion (sane at 0/n and n/n, unlike Wald)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 @dataclass(frozen=True)
