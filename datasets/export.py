@@ -9,11 +9,14 @@ calls). Feature names come from the task's ``dataset.features``
 on the export as it is. Images become one mp4 per camera (AV1 by default, as lerobot writes, or
 H.264) whose frame i lies at exactly i/fps s; low-dim keys and actions go to data/ parquet.
 Output goes to a temporary folder renamed at the end; an existing ``out`` is replaced only with
-``overwrite=true`` and only if it is a LeRobot dataset.
+``overwrite=true`` and only if this exporter wrote it (its ``.export`` marker lists every file it wrote)
+and it holds nothing else. Every refusal (options, ``out``, ``out`` inside a dataset) comes before the
+source is read; a disk that fills up ends in one line and leaves nothing behind.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -21,13 +24,20 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .episodes import EpisodeData, atomic_output, is_image, recover_output
+from common.paths import inside, plain_name
+from common.resources import is_no_room, no_room
+
+from .episodes import EpisodeData, SHOWN_ENTRIES, atomic_output, check_writable, contents, is_image, recover_output
 from .lerobot import (
     CODEBASE_VERSION, DATA_PATH, EPISODES_DIR, INFO_PATH, STATS_PATH, TASKS_PATH, VIDEO_PATH, feature_name,
     is_lerobot_root,
 )
 
 CODECS = {"av1": "libsvtav1", "h264": "libx264"}  # PyAV's wheels carry both encoders
+CRF_RANGE = {"av1": (0, 63), "h264": (0, 51)}  # what each encoder accepts (FFmpeg's option ranges)
+# written into every export, listing the files it wrote: overwrite=true replaces only such a folder
+EXPORT_MARKER = ".export"
+WRITTEN_BY = "export_dataset.py"
 SVT_LOG_ERRORS = "1"
 SVTAV1_PRESET = "12"  # lerobot's default: the fastest preset
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)  # lerobot's stats.json carries q01 ... q99
@@ -53,6 +63,12 @@ class ExportConfig:
             raise ValueError(f"codec={self.codec!r} is not known; choose one of {', '.join(CODECS)}")
         if self.fps is not None and self.fps < 1:
             raise ValueError(f"fps must be >= 1, got {self.fps}")
+        low, high = CRF_RANGE[self.codec]
+        if not low <= self.crf <= high:
+            raise ValueError(f"crf={self.crf} is out of range for codec={self.codec}: choose {low}-{high} "
+                             f"(lower is closer to the source and larger; lerobot's default is 30)")
+        if self.gop < 1:
+            raise ValueError(f"gop must be >= 1 (frames between keyframes), got {self.gop}")
 
 
 def source_task(data: EpisodeData) -> str | None:
@@ -178,47 +194,124 @@ def _tasks_table(task_text: str):
     return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
 
 
+def _dataset_around(path: Path) -> Path | None:
+    """The dataset folder (LeRobot root or zarr) that ``path`` lies in, if any: its readers take every file under it."""
+    for parent in path.parents:
+        if is_lerobot_root(parent) or (parent / ".zgroup").exists() or (parent / "zarr.json").exists():
+            return parent
+    return None
+
+
+def check_not_in_source(src: Path, out: Path) -> None:
+    """``out`` may not be the source, lie inside it or hold it, nor lie inside any other dataset (a
+    reader takes every file under a dataset root, so an export inside one makes it unreadable)."""
+    s, o = src.resolve(), out.resolve()
+    if o == s:
+        raise ValueError(f"out={out} is the source itself; choose another out=")
+    if s in o.parents:
+        raise ValueError(f"out={out} lies inside src={src}; writing there would change the source: choose an out= "
+                         f"outside it")
+    if o in s.parents:
+        raise ValueError(f"src={src} lies inside out={out}; replacing out would delete the source: choose another out=")
+    around = _dataset_around(o)
+    if around is not None:
+        raise ValueError(f"out={out} lies inside the dataset {around}; writing there would make it unreadable: "
+                         f"choose an out= outside it")
+
+
+def _entries(root: Path) -> set[str]:
+    """Every file, link and folder under ``root``, relative, '/'-separated."""
+    return {p.relative_to(root).as_posix() for p in root.rglob("*")}
+
+
+def _not_written_here(out: Path) -> list[str]:
+    """What ``out`` holds that this exporter did not write there (everything, without its marker)."""
+    try:
+        marker = json.loads((out / EXPORT_MARKER).read_text())
+        files = {str(f) for f in marker["files"]} if marker.get("written_by") == WRITTEN_BY else set()
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # a damaged marker vouches for nothing
+        files = set()
+    owned = files | {EXPORT_MARKER} | {p.as_posix() for f in files for p in Path(f).parents}
+    return sorted(_entries(out) - owned)
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Before the source is read: ``out`` can be written, and holds nothing or (overwrite=true) an
+    export of this exporter with nothing added to it. Deletes nothing."""
+    check_writable(out, "out")  # the new export is written beside it and renamed in
+    if not (out.exists() or out.is_symlink()):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out} already exists; pass overwrite=true to replace it, or choose another out=")
+    if out.is_symlink() or not out.is_dir() or not (out / EXPORT_MARKER).is_file():
+        raise FileExistsError(f"out={out} is {contents(out)}, not a dataset written by {WRITTEN_BY} (no {EXPORT_MARKER} "
+                              f"marker); overwrite=true replaces only an export: choose another out= or remove it yourself")
+    foreign = _not_written_here(out)
+    if foreign:
+        shown = ", ".join(foreign[:SHOWN_ENTRIES]) + (f" and {len(foreign) - SHOWN_ENTRIES} more"
+                                                       if len(foreign) > SHOWN_ENTRIES else "")
+        raise FileExistsError(f"out={out} holds {shown}, which {WRITTEN_BY} did not write; overwrite=true replaces "
+                              f"only what it wrote: move those away, choose another out= or remove it yourself")
+
+
+def _write_files(tmp: Path, data: EpisodeData, names: dict[str, str], fps: int, task_text: str, codec: str,
+                 crf: int, gop: int) -> None:
+    """The dataset's files under ``tmp``; every path derived from a name checked to stay inside it."""
+    import pyarrow.parquet as pq
+
+    features = {names[k]: _feature_spec(v, fps, codec) for k, v in data.data.items()}
+    videos = [names[k] for k, v in data.data.items() if is_image(v.shape)]
+    for key, arr in data.data.items():
+        if is_image(arr.shape):
+            rel = VIDEO_PATH.format(video_key=names[key], chunk_index=0, file_index=0)
+            write_video(inside(tmp, rel, f"the video of feature {names[key]!r}"), arr, fps, codec, crf, gop)
+    data_file = tmp / DATA_PATH.format(chunk_index=0, file_index=0)
+    data_file.parent.mkdir(parents=True)
+    frames = _frame_table(data, names, fps)
+    pq.write_table(frames, data_file)
+    (tmp / EPISODE_FILE).parent.mkdir(parents=True)
+    pq.write_table(_episode_table(data, videos, fps, task_text), tmp / EPISODE_FILE)
+    pq.write_table(_tasks_table(task_text), tmp / TASKS_PATH)
+    stats = {names[k]: _stats(v) for k, v in data.data.items()}
+    for col in ("timestamp", "frame_index", "episode_index", "index", "task_index"):
+        stats[col] = _stats(frames.column(col).to_numpy())
+    (tmp / STATS_PATH).write_text(json.dumps(stats, indent=2))
+    for col in ("timestamp", "frame_index", "episode_index", "index", "task_index"):
+        dtype = "float32" if col == "timestamp" else "int64"
+        features[col] = {"dtype": dtype, "shape": [1], "names": None}
+    info = {
+        "codebase_version": CODEBASE_VERSION, "robot_type": data.meta.get("robot_type"),
+        "total_episodes": data.num_episodes, "total_frames": data.num_frames, "total_tasks": 1,
+        **FILE_LIMITS, "fps": fps,
+        "splits": {"train": f"0:{data.num_episodes}"}, "data_path": DATA_PATH,
+        "video_path": VIDEO_PATH if videos else None, "features": features,
+    }
+    (tmp / INFO_PATH).write_text(json.dumps(info, indent=4))  # a root with info.json is complete
+    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+    (tmp / EXPORT_MARKER).write_text(json.dumps({"written_by": WRITTEN_BY, "pid": os.getpid(), "files": files}) + "\n")
+
+
 def write_lerobot(out, data: EpisodeData, names: dict[str, str], *, fps: int, task_text: str, codec: str = "av1",
                   crf: int = 30, gop: int = 2, overwrite: bool = False) -> Path:
     """Write ``data`` (policy keys, renamed by ``names``) as a LeRobotDataset v3.0 root at ``out``."""
-    import pyarrow.parquet as pq
-
     out = Path(out)
+    for name in names.values():  # a feature's name becomes a folder of its video
+        plain_name(name, "feature name")
     clash = sorted({n for n in names.values() if list(names.values()).count(n) > 1})
     if clash:
         raise ValueError(f"several keys would be written as feature(s) {clash}: give them distinct names in task.dataset.features")
     recover_output(out)
-    if out.exists() and overwrite and not is_lerobot_root(out):
-        raise FileExistsError(f"{out} exists and is not a LeRobot dataset (no {INFO_PATH}); refusing to replace it: choose another out=")
-    features = {names[k]: _feature_spec(v, fps, codec) for k, v in data.data.items()}
-    videos = [names[k] for k, v in data.data.items() if is_image(v.shape)]
+    check_out(out, overwrite)
     with atomic_output(out, overwrite=overwrite) as tmp:
-        for key, arr in data.data.items():
-            if is_image(arr.shape):
-                path = tmp / VIDEO_PATH.format(video_key=names[key], chunk_index=0, file_index=0)
-                write_video(path, arr, fps, codec, crf, gop)
-        data_file = tmp / DATA_PATH.format(chunk_index=0, file_index=0)
-        data_file.parent.mkdir(parents=True)
-        frames = _frame_table(data, names, fps)
-        pq.write_table(frames, data_file)
-        (tmp / EPISODE_FILE).parent.mkdir(parents=True)
-        pq.write_table(_episode_table(data, videos, fps, task_text), tmp / EPISODE_FILE)
-        pq.write_table(_tasks_table(task_text), tmp / TASKS_PATH)
-        stats = {names[k]: _stats(v) for k, v in data.data.items()}
-        for col in ("timestamp", "frame_index", "episode_index", "index", "task_index"):
-            stats[col] = _stats(frames.column(col).to_numpy())
-        (tmp / STATS_PATH).write_text(json.dumps(stats, indent=2))
-        for col in ("timestamp", "frame_index", "episode_index", "index", "task_index"):
-            dtype = "float32" if col == "timestamp" else "int64"
-            features[col] = {"dtype": dtype, "shape": [1], "names": None}
-        info = {
-            "codebase_version": CODEBASE_VERSION, "robot_type": data.meta.get("robot_type"),
-            "total_episodes": data.num_episodes, "total_frames": data.num_frames, "total_tasks": 1,
-            **FILE_LIMITS, "fps": fps,
-            "splits": {"train": f"0:{data.num_episodes}"}, "data_path": DATA_PATH,
-            "video_path": VIDEO_PATH if videos else None, "features": features,
-        }
-        (tmp / INFO_PATH).write_text(json.dumps(info, indent=4))  # written last: a root with info.json is complete
+        try:
+            _write_files(tmp, data, names, fps, task_text, codec, crf, gop)
+        except OSError as exc:  # the temporary folder goes (atomic_output): nothing partial is left
+            if not is_no_room(exc):
+                raise
+            name = Path(exc.filename) if getattr(exc, "filename", None) else None
+            what = out / name.relative_to(tmp) if name is not None and tmp in name.parents else out
+            raise no_room(exc, what, f"nothing was written at {out} (the partial export was removed): free space on "
+                                     f"that disk or choose an out= on another, then run the command again") from None
     return out
 
 
@@ -230,13 +323,15 @@ def export(cfg: ExportConfig, load_task: Callable[[str], Any]) -> dict:
     src, out = Path(cfg.src), Path(cfg.out)
     if not src.exists():
         raise FileNotFoundError(f"src={src} does not exist")
-    if src.resolve() == out.resolve():
-        raise ValueError(f"out={out} is the source itself; choose another out=")
+    check_not_in_source(src, out)  # every refusal about out before the source is read (minutes of decoding)
+    recover_output(out)  # a killed earlier export may have left the previous one aside: put it back first
+    check_out(out, cfg.overwrite)
+    task_cfg = load_task(cfg.task) if cfg.task else None
     data = read_dataset(src)
     task = cfg.task or source_task(data)
     if task is None:
         raise ValueError(f"{src} does not say which task it holds; pass task=pusht|lift|can (it names the features and fps)")
-    task_cfg = load_task(task)
+    task_cfg = task_cfg or load_task(task)
     fps = cfg.fps or task_cfg.fps
     names = {k: feature_name(k, task_cfg.dataset.features) for k in data.data}
     write_lerobot(out, data, names, fps=fps, task_text=task, codec=cfg.codec, crf=cfg.crf, gop=cfg.gop,

@@ -21,8 +21,9 @@ def generate_command(task_name: str, path) -> str:
 
 
 def read_dataset(path, fmt: str | None = None, obs_keys: list[str] | None = None,
-                 features: dict[str, str] | None = None) -> EpisodeData:
-    """``features`` (policy key -> feature name) is used by the lerobot format only."""
+                 features: dict[str, str] | None = None, max_episodes: int | None = None) -> EpisodeData:
+    """``features`` (policy key -> feature name) and ``max_episodes`` (decode only the first N) are used
+    by the lerobot format only; the other readers read every episode."""
     fmt = fmt or guess_format(path)
     if fmt == "pusht_zarr":
         from .zarr_replay import read_pusht_zarr
@@ -35,7 +36,7 @@ def read_dataset(path, fmt: str | None = None, obs_keys: list[str] | None = None
     if fmt == "lerobot":
         from .lerobot import read_lerobot
 
-        return read_lerobot(path, keys=obs_keys, features=features)
+        return read_lerobot(path, keys=obs_keys, features=features, max_episodes=max_episodes)
     raise ValueError(f"unknown dataset format {fmt!r}; known formats: {', '.join(FORMATS)}")
 
 
@@ -73,7 +74,11 @@ def make_dataset(task, keys: list[str] | None = None, max_episodes: int | None =
             raise ValueError(f"{exc}; if the file was recorded without it, drop it from the task with "
                              f"{' '.join(f'task.input_shapes.{k}=null' for k in exc.keys)}") from None
     else:
-        data = read_dataset(path, fmt, obs_keys=keys, features=features)
+        if fmt == "lerobot":
+            from .lerobot import check_fps
+
+            check_fps(path, task.fps, task.name)  # before decoding: a dataset at another rate is refused at once
+        data = read_dataset(path, fmt, obs_keys=keys, features=features, max_episodes=max_episodes)
     missing = [k for k in keys + ["action"] if k not in data.data]
     if missing:
         raise ValueError(

@@ -27,6 +27,8 @@ from omegaconf import MISSING
 
 from envs.factory import EVAL_SEED_START, ctrl_c_deferred, worker_context
 
+from common.resources import is_no_room, no_room
+
 from .episodes import check_writable, contents, recover_output
 
 TASKS = {"pusht": "envs.experts.pusht", "lift": "envs.experts.lift", "can": "envs.experts.can"}
@@ -106,7 +108,14 @@ def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int =
         )
     infos = [ep.pop("info", {}) for ep in kept]  # the per-episode info goes to the report, not the arrays
     report = _report(task, kept, infos, len(failed), seconds, seed)
-    _write(task, out, kept, infos, report, overwrite, image_size)
+    try:
+        _write(task, out, kept, infos, report, overwrite, image_size)
+    except OSError as exc:  # the writers leave nothing partial (a temporary name, renamed at the end)
+        if not is_no_room(exc):
+            raise
+        raise no_room(exc, out, f"nothing was written there (the partial file was removed; the next run "
+                                f"generates the {len(kept)} episode(s) again): free space on that disk or choose an "
+                                f"out= on another, then run the command again") from None
     report["out"] = str(out)
     return report
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from common.paths import UntrustedPathError
 from datasets.episodes import (
     IMAGE_CASES,
     EpisodeData,
@@ -153,7 +154,9 @@ def write_robomimic_hdf5(
     env_args = json.dumps(env_meta)
     final = Path(path)
     with atomic_output(final, overwrite=overwrite) as tmp:
-        with h5py.File(tmp, "w") as f:
+        # built in memory, then written in one plain write: HDF5 meeting a full disk (or ulimit -f)
+        # mid-file floods stderr and can crash the interpreter; a plain write raises one OSError
+        with h5py.File(tmp.name, "w", driver="core", backing_store=False) as f:
             data = f.create_group("data")
             total = 0
             for i, (ep, chk) in enumerate(zip(episodes, checked)):
@@ -177,6 +180,9 @@ def write_robomimic_hdf5(
             mask = f.create_group("mask")
             mask.create_dataset("train", data=np.array([f"demo_{i}" for i in train], dtype="S"))
             mask.create_dataset("valid", data=np.array([f"demo_{i}" for i in valid], dtype="S"))
+            f.flush()
+            image = f.id.get_file_image()
+        tmp.write_bytes(image)
     return final
 
 
@@ -189,9 +195,36 @@ def _open(path: str | os.PathLike) -> h5py.File:
             "(task=can for PickPlaceCan) or download a robomimic image.hdf5 there"
         )
     try:
-        return h5py.File(p, "r")
+        f = h5py.File(p, "r")
     except OSError as e:
         raise RobomimicFormatError(f"{p} is not a readable HDF5 file ({e}); expected a robomimic dataset") from e
+    try:
+        _check_self_contained(f, p)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _check_self_contained(f: h5py.File, p: Path) -> None:
+    """HDF5 can point at other files: external links, datasets stored in external files, virtual
+    datasets. A file from elsewhere may use none of them, or reading a key would read another file."""
+    outside = []
+
+    def link(name, lnk):
+        if isinstance(lnk, h5py.ExternalLink):
+            outside.append(f"{name} is an external link to {lnk.filename}")
+
+    def dataset(name, obj):
+        if isinstance(obj, h5py.Dataset) and (obj.external or obj.is_virtual):
+            where = obj.external[0][0] if obj.external else "other files (a virtual dataset)"
+            outside.append(f"{name} is stored in {where}")
+
+    f.visititems_links(link)
+    f.visititems(dataset)
+    if outside:
+        raise UntrustedPathError(f"{p}: {outside[0]}{f' (and {len(outside) - 1} more)' if len(outside) > 1 else ''}; "
+                                 f"a dataset may only hold its own data: copy that data into the file")
 
 
 def is_robomimic_hdf5(path) -> bool:

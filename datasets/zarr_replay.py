@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from common.paths import links_inside
+
 from .episodes import (
     IMAGE_CASES,
     EpisodeData,
@@ -77,6 +79,8 @@ def _open(path) -> zarr.Group:
         raise FileNotFoundError(
             f"dataset {p} does not exist{missing_output_hint(p)}; generate it with: python generate_demos.py task=pusht out={p}"
         )
+    if p.is_dir():
+        links_inside(p, str(p))  # a chunk linked to a file elsewhere would be read as data
     try:
         return zarr.open_group(str(p), mode="r")
     except Exception as exc:  # zarr raises several types for a non-zarr path

@@ -154,14 +154,17 @@ def test_export_refuses_to_overwrite(pusht_zarr, exported, tmp_path):
     other = tmp_path / "not_lerobot"
     other.mkdir()
     (other / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="not a LeRobot dataset"):
+    with pytest.raises(FileExistsError, match="not a dataset written by export_dataset.py"):
         export(ExportConfig(src=str(pusht_zarr), out=str(other), overwrite=True), load_task)
     assert (other / "keep.txt").read_text() == "mine"
     copy = tmp_path / "copy"
     shutil.copytree(exported, copy)
-    (copy / "stale.txt").write_text("old")
+    (copy / "stale.txt").write_text("old")  # a file the exporter did not write: overwrite deletes only its own
+    with pytest.raises(FileExistsError, match="holds stale.txt, which export_dataset.py did not write"):
+        export(ExportConfig(src=str(pusht_zarr), out=str(copy), overwrite=True), load_task)
+    (copy / "stale.txt").unlink()
     export(ExportConfig(src=str(pusht_zarr), out=str(copy), overwrite=True, codec="h264"), load_task)
-    assert not (copy / "stale.txt").exists() and "h264" in (copy / "meta/info.json").read_text()
+    assert "h264" in (copy / "meta/info.json").read_text()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
 
 
