@@ -29,14 +29,17 @@ def make_env(task: str, **kwargs):
     raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
 
 
-def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = None) -> dict:
+def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = None, scene_shifts=()) -> dict:
     """Constructor arguments for the task's environment (a TaskConfig), rendering the cameras
-    ``image_keys`` that the policy reads."""
+    ``image_keys`` that the policy reads, under ``scene_shifts`` ``[(kind, severity), ...]`` (the scene
+    stage of ``envs.corruptions.parse_shifts``; none: clean, and the arguments of before)."""
     kwargs = {"max_episode_steps": task.env.max_episode_steps}
     if task.name in ("lift", "can"):
         kwargs["cameras"] = tuple(k[: -len("_image")] for k in image_keys)
     if image_size is not None:
         kwargs["image_size"] = image_size
+    if scene_shifts:
+        kwargs["scene_shifts"] = tuple((str(kind), int(severity)) for kind, severity in scene_shifts)
     return kwargs
 
 
@@ -121,6 +124,8 @@ def _worker(conn, task: str, kwargs: dict) -> None:
                 out = env.step(arg)
             elif cmd == "render":
                 out = env.render()
+            elif cmd == "scene_shifts":  # for the episodes from the next reset on: a suite reuses its workers
+                out = env.set_scene_shifts(arg)
             elif cmd == "close":
                 env.close()
                 conn.send(("ok", None))
@@ -154,6 +159,8 @@ class LocalEnv:
                 return self.env.step(arg)
             if cmd == "render":
                 return self.env.render()
+            if cmd == "scene_shifts":
+                return self.env.set_scene_shifts(arg)
         except Exception as exc:
             raise EnvError(f"{type(exc).__name__}: {exc}") from exc
         raise ValueError(cmd)

@@ -24,11 +24,24 @@ share one definition.
 """
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from .corruptions import parse_scene_shifts
+from .scene_shifts import (
+    COLOUR_MIX,
+    PUSHT_MOVE_PX,
+    PUSHT_TURN_DEG,
+    PUSHT_ZOOM,
+    either_way,
+    mixed_colour,
+    scene_random_state,
+)
 
 WORKSPACE = 512.0
 GOAL_POSE = np.array([256.0, 256.0, math.pi / 4])  # x, y, angle of the goal T (gym-pusht's fixed goal)
@@ -105,6 +118,79 @@ def _block_keypoints_local(n: int = 9, seed: int = 0) -> np.ndarray:
 
 BLOCK_KEYPOINTS_LOCAL = _block_keypoints_local()
 
+# gym-pusht 0.1.8's colours (its ``_draw`` and ``add_tee``)
+BACKGROUND_RGB = (255, 255, 255)
+GOAL_RGB = (144, 238, 144)  # pygame's LightGreen
+BLOCK_RGB = (119, 136, 153)  # pygame's LightSlateGray
+
+
+@dataclass(frozen=True)
+class PushTScene:
+    """How one shifted PushT episode is drawn: colours, and the view (a camera over the 512 px table)."""
+
+    background: tuple = BACKGROUND_RGB
+    goal: tuple = GOAL_RGB
+    block: tuple = BLOCK_RGB
+    move: tuple = (0.0, 0.0)  # px of the 512 px drawing, right and down
+    turn_deg: float = 0.0  # counter-clockwise
+    zoom: float = 1.0
+
+
+def pusht_scene(shifts, seed: int | None) -> PushTScene | None:
+    """The drawing of an episode under scene shifts ``[(kind, severity), ...]`` (colour, camera), drawn
+    from the episode seed; None when there are none."""
+    fields = {}
+    for kind, severity in shifts:
+        rs, i = scene_random_state(seed, kind, severity), severity - 1
+        if kind == "colour":
+            fields.update(background=mixed_colour(BACKGROUND_RGB, COLOUR_MIX[i], rs),
+                          goal=mixed_colour(GOAL_RGB, COLOUR_MIX[i], rs), block=mixed_colour(BLOCK_RGB, COLOUR_MIX[i], rs))
+        elif kind == "camera":
+            angle = rs.uniform(0.0, 2.0 * math.pi)
+            fields.update(move=(PUSHT_MOVE_PX[i] * math.cos(angle), PUSHT_MOVE_PX[i] * math.sin(angle)),
+                          turn_deg=either_way(rs) * PUSHT_TURN_DEG[i], zoom=PUSHT_ZOOM[i] ** either_way(rs))
+    return PushTScene(**fields) if fields else None
+
+
+@functools.cache
+def _gym_pusht_with_scene():
+    """gym-pusht's environment class, drawing a ``PushTScene`` when one is set (``scene``): lazy, gym-pusht
+    pulls in pygame, pymunk and shapely."""
+    import pygame
+    import pymunk.pygame_util
+    from gym_pusht.envs.pusht import DrawOptions
+    from gym_pusht.envs.pusht import PushTEnv as _GymPushT
+
+    class GymPushTWithScene(_GymPushT):
+        scene: PushTScene | None = None
+
+        def _draw(self):
+            if self.scene is None:  # clean: gym-pusht's own drawing, untouched
+                return super()._draw()
+            scene = self.scene
+            # gym-pusht's _draw with the scene's colours (background, goal; the block's shapes draw in theirs)
+            # with an alpha channel: what the turned drawing leaves uncovered is see-through, not black
+            screen = pygame.Surface((512, 512), pygame.SRCALPHA)
+            screen.fill(scene.background)
+            draw_options = DrawOptions(screen)
+            goal_body = self.get_goal_pose_body(self.goal_pose)
+            for shape in self.block.shapes:
+                shape.color = pygame.Color(*scene.block)
+                goal_points = [goal_body.local_to_world(v) for v in shape.get_vertices()]
+                goal_points = [pymunk.pygame_util.to_pygame(point, draw_options.surface) for point in goal_points]
+                pygame.draw.polygon(screen, pygame.Color(*scene.goal), goal_points + [goal_points[0]])
+            self.space.debug_draw(draw_options)
+            if (scene.move, scene.turn_deg, scene.zoom) == ((0.0, 0.0), 0.0, 1.0):
+                return screen
+            # the camera: the drawing turned and zoomed about its centre, then moved; what comes into view is background
+            view = pygame.transform.rotozoom(screen, scene.turn_deg, scene.zoom)
+            out = pygame.Surface((512, 512))
+            out.fill(scene.background)
+            out.blit(view, view.get_rect(center=(256 + scene.move[0], 256 + scene.move[1])))
+            return out
+
+    return GymPushTWithScene
+
 
 class PushTEnv(gym.Env):
     """gym-pusht PushT with dict observations ``image``/``agent_pos``, success/coverage info and a step limit.
@@ -114,6 +200,8 @@ class PushTEnv(gym.Env):
         max_episode_steps: truncation limit (300).
         success_threshold: coverage above which the episode counts as solved and terminates (0.95).
         render_size: side of the frames ``render()`` returns (for videos; the agent's target is drawn on them).
+        scene_shifts: scene shifts ``[(kind, severity), ...]`` (colour, camera; ``envs.scene_shifts``) drawn in
+            every episode from ``reset(seed=...)`` on, from that seed; the episode's state is the clean one's.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
@@ -125,15 +213,15 @@ class PushTEnv(gym.Env):
         success_threshold: float = 0.95,
         render_size: int = 256,
         render_mode: str = "rgb_array",
+        scene_shifts=(),
     ):
         super().__init__()
-        from gym_pusht.envs.pusht import PushTEnv as _GymPushT  # lazy: pulls in pygame/pymunk/shapely
-
+        self.set_scene_shifts(scene_shifts)
         self.image_size = int(image_size)
         self.max_episode_steps = int(max_episode_steps)
         self.success_threshold = float(success_threshold)
         self.render_mode = render_mode
-        self._env = _GymPushT(
+        self._env = _gym_pusht_with_scene()(
             obs_type="pixels_agent_pos",
             render_mode="rgb_array",
             observation_width=self.image_size,
@@ -165,6 +253,9 @@ class PushTEnv(gym.Env):
             shifted[2:4] = s[2:4] - BLOCK_COG_LOCAL + rot(s[4]) @ BLOCK_COG_LOCAL
             opts = {"reset_to_state": shifted}
         super().reset(seed=seed)
+        # drawn from the seed by a generator of its own before gym-pusht draws the first frame; the state is
+        # gym-pusht's from the same seed, as in the clean episode
+        self._env.scene = pusht_scene(self.scene_shifts, seed)
         raw, _ = self._env.reset(seed=seed, options=opts)
         self._install_contact_counter()
         self._elapsed = 0
@@ -197,6 +288,12 @@ class PushTEnv(gym.Env):
 
     def close(self):
         self._env.close()
+
+    def set_scene_shifts(self, shifts) -> None:
+        """Scene shifts ``[(kind, severity), ...]`` (or ``["colour:2", ...]``) for the episodes from the next
+        ``reset(seed=...)`` on; ``[]``: clean. Refused in one line: a pixel corruption (the caller applies those
+        to observations) or a kind PushT cannot draw (lighting)."""
+        self.scene_shifts = parse_scene_shifts(shifts, "pusht")
 
     # ------------------------------------------------------------------ helpers
     @property

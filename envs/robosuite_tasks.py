@@ -37,6 +37,9 @@ from robosuite.controllers.composite.composite_controller_factory import (  # no
     refactor_composite_controller_config,
 )
 
+from .corruptions import parse_scene_shifts  # noqa: E402
+from .robosuite_scene import RobosuiteScene  # noqa: E402
+
 # robosuite warns at every environment build about controller parts the Panda lacks (legs, head...)
 logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
 
@@ -99,6 +102,9 @@ class RobosuiteEnv(gym.Env):
         max_episode_steps: truncation limit (robosuite itself never ends episodes: ``ignore_done``).
         controller_config: robosuite 1.5 composite controller config; default BASIC for Panda.
         seed: seeds the first ``reset`` (later resets without a seed continue the stream).
+        scene_shifts: scene shifts ``[(kind, severity), ...]`` (``envs.scene_shifts``: lighting, colour,
+            camera) rendered in every episode from ``reset(seed=...)`` on, drawn from that seed; the episode's
+            state is the clean episode's. ``set_scene_shifts`` changes them for the next reset.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
@@ -117,9 +123,12 @@ class RobosuiteEnv(gym.Env):
         controller_config: dict | None = None,
         render_size: int | None = None,
         seed: int | None = None,
+        scene_shifts=(),
     ):
         super().__init__()
         self.task = _task_name(task)
+        self._scene = None  # robosuite's modders (envs/robosuite_scene.py), made when a scene shift is first applied
+        self.set_scene_shifts(scene_shifts)
         self.env_name = TASK_TO_ENV_NAME[self.task]
         if isinstance(cameras, str):
             cameras = (cameras,)
@@ -140,7 +149,14 @@ class RobosuiteEnv(gym.Env):
         self._steps = 0
         self._last_obs: dict | None = None
         self._needs_reset = True
-        self._set_spaces(self._reset_sim(seed))  # the low-dim shapes are read off a first observation
+        # the low-dim shapes are read off a first observation (clean: a shift is drawn from an episode's seed)
+        self._set_spaces(self._reset_sim(seed, shifted=False))
+
+    def set_scene_shifts(self, shifts) -> None:
+        """Scene shifts ``[(kind, severity), ...]`` (or ``["lighting:2", ...]``) for the episodes from the next
+        ``reset(seed=...)`` on; ``[]``: clean. Refused in one line: a pixel corruption (the caller applies
+        those to observations) or a kind this task cannot render."""
+        self.scene_shifts = parse_scene_shifts(shifts, self.task)
 
     def _check_cameras(self) -> None:
         names = set(self._env.sim.model.camera_names)
@@ -282,12 +298,19 @@ class RobosuiteEnv(gym.Env):
         return self._steps
 
     # ------------------------------------------------------------------ gymnasium API
-    def _reset_sim(self, seed: int | None) -> dict:
+    def _reset_sim(self, seed: int | None, shifted: bool = True) -> dict:
         if seed is not None:
             # robosuite shares one Generator between the env, its placement samplers and robot init
             # noise: reseed it in place so every holder sees the new stream
             self._env.rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
+        if self._scene is not None:  # no shift of an earlier episode outlives it
+            self._scene.restore(keep=[kind for kind, _ in self.scene_shifts] if shifted else ())
         self._env.reset()
+        if shifted and self.scene_shifts:
+            # after the state is set, and from generators of their own: the state is the clean episode's
+            if self._scene is None:
+                self._scene = RobosuiteScene(self._env.sim, self.task)
+            self._scene.apply(self.scene_shifts, seed)
         self._steps = 0
         self._needs_reset = False
         return self._get_obs()
@@ -307,6 +330,8 @@ class RobosuiteEnv(gym.Env):
         expected = self.get_state().shape
         if state.shape != expected:
             raise ValueError(f"state has shape {state.shape}, this {self.env_name} model expects {expected}")
+        if self._scene is not None:
+            self._scene.restore()  # a stored state replays in the clean scene
         self._env.reset()
         self._env.sim.set_state_from_flattened(state)
         self._env.sim.forward()  # OSC deltas are taken from the achieved pose, so no goal reset needed
