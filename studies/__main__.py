@@ -46,6 +46,17 @@ def parse(argv):
     return args
 
 
+def check_fits(study: str, run: Path) -> None:
+    """A study of the catalog takes runs of its tasks and policies only (any other name takes any run)."""
+    from studies.records import run_config
+
+    cfg, wanted = run_config(run), STUDIES.get(study)
+    task, policy = cfg["task"]["name"], cfg["policy"]["name"]
+    if wanted and (task not in wanted.tasks or policy not in wanted.policies):
+        raise ValueError(f"{run} is a {task} {policy} run, but study {study} holds {'/'.join(wanted.tasks)} "
+                         f"{'/'.join(wanted.policies)} runs: add it to a study of its task and policy, or to a name of your own")
+
+
 def main(argv=None) -> list[str]:
     args = parse(sys.argv[1:] if argv is None else argv)
     results = Path(args.results)
@@ -57,6 +68,8 @@ def main(argv=None) -> list[str]:
             if missing:
                 raise FileNotFoundError(f"{', '.join(missing)}: no summary.json; give --evals the names of evaluation folders "
                                         "that rollout.py out_dir=RUN_DIR/eval/NAME wrote")
+            for run in args.runs:
+                check_fits(args.study, Path(run))
             records = [r for run in args.runs for r in records_of_run(Path(run), args.recipe, args.evals)]
             print(f"{args.study}: {save(results, args.study, records)} new or changed of {len(records)} records; "
                   f"python -m studies.claims rebuilds the tables")

@@ -21,9 +21,8 @@ from core.config import TaskConfig, from_dict
 from core.preflight import replace_file
 from datasets.factory import make_dataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
-from policies.obs_encoder import crop_images
 from envs.corruptions import corrupt, parse_corruptions
-from studies.diversity import head_diversity
+from studies.diversity import encoder_input, head_diversity
 
 
 def relative_change(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -80,12 +79,6 @@ def frames_of(checkpoint, frames: int, kind: str, severity: int):
     shifted = np.stack([corrupt(im, kind, severity) for im in clean])
     enc = policy.obs_encoder
     return enc.vits[0], meta, encoder_input(enc, key, clean), encoder_input(enc, key, shifted)
-
-
-def encoder_input(enc, key: str, images: np.ndarray) -> torch.Tensor:
-    """uint8 camera frames (F, H, W, C) of ``key`` -> the ViT's input (F, C, crop, crop) in [0, 1], centre-cropped as at evaluation."""
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0  # (F, C, H, W)
-    return crop_images(x, enc.crop_size_for(key, images.shape[1]), random=False)
 
 
 def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:

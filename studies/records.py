@@ -1,16 +1,18 @@
-"""Results as records: one line per evaluation of one training run, in ``results/<study>/records.jsonl``.
+"""Results as records: one line per measurement of one training run, in ``results/<study>/records.jsonl``.
 
     python -m studies add STUDY RUN_DIR [RUN_DIR ...] [--recipe cpu]
 
 ``add`` reads a run's ``config.json`` and every ``eval/*/summary.json`` that ``rollout.py`` wrote into
-it, so any plain ``train_policy.py`` + ``rollout.py`` run becomes records, as the study runner's do.
-A record replaces one of the same key (the same training, re-evaluated under the same condition).
+it, so any plain ``train_policy.py`` + ``rollout.py`` run becomes records, as the study runner's do. Overrides
+and condition are mappings, never words to parse; lines of older code are read through ``upgrade``.
+A record replaces one of the same key (the same training, measured again under the same condition).
 """
 from __future__ import annotations
 
 import json
+import re
 import subprocess
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from core.preflight import replace_file
@@ -20,46 +22,102 @@ from envs.factory import EVAL_SEED_START
 # and how the file is read (told from the path since the LeRobot reader; older runs name it)
 # recipe=cpu jitters brightness and contrast in training since issue 31; the studies measure the papers'
 # setting, which has none: its cells turn it off, and records name what differs from this setting
-PAPERS_SETTING = ("policy.image_aug.brightness=0.0", "policy.image_aug.contrast=0.0")
+PAPERS_SETTING = {"policy.image_aug.brightness": "0.0", "policy.image_aug.contrast": "0.0"}
 NOT_EXTRA = ("seed", "policy.vit.attention.", "policy.input_shapes.", "policy.action_dim", "policy.crop_size", "policy.name",
              "task.dataset.format")
+OPTIONAL = ("measure", "value", "detail", "provenance")  # written only where set: an evaluation's record has none
 
 
 @dataclass(frozen=True)
 class Record:
     task: str
     policy: str
-    attention: str  # the attention kind; its settings, like every other change to the recipe, are in ``extra``
+    attention: str  # the attention kind; its settings, like every other change to the recipe, are in ``overrides``
     steps: int
-    extra: str  # training overrides on top of the recipe, space-separated
+    overrides: dict  # training overrides on top of the recipe's papers' setting: "key", "+key" -> value text, "~key" -> None
     seed: int
-    condition: str  # "clean", or the corruption ("brightness1"), size ("112px"), attention settings, seed, in that order
-    successes: int
-    episodes: int
+    condition: dict  # inference options changed: corruption [[kind, severity], ...], image_size, attention {...}, seed_start
+    successes: int = 0
+    episodes: int = 0
     coverage: float | None = None  # PushT: mean over episodes of the best coverage reached
     train_seconds: float | None = None
     commit: str = ""
+    measure: str = "success"  # per episode (0/1); or per seed: "coverage", "head_diversity" (in ``value``)
+    value: float | None = None
+    detail: dict | None = None  # e.g. head diversity per layer
+    provenance: str = ""  # how a record not written by today's commands was measured
+
+    def __post_init__(self):  # frozen: the one place the overrides' order and the condition's form are set
+        object.__setattr__(self, "overrides", dict(sorted(self.overrides.items(), key=lambda kv: kv[0].lstrip("+~"))))
+        object.__setattr__(self, "condition", json.loads(json.dumps(self.condition, sort_keys=True)))
 
     @property
     def row(self) -> tuple:
-        """What a table row pools over seeds: the training recipe and the condition."""
-        return self.task, self.policy, self.attention, self.steps, self.extra, self.condition
+        """What a table row pools over seeds: the training recipe, the condition and the measure."""
+        return (self.task, self.policy, self.attention, self.steps, json.dumps(self.overrides), json.dumps(self.condition),
+                self.measure)
 
     key = property(lambda self: (*self.row, self.seed))  # one training, one condition
 
-    def __post_init__(self):  # frozen: the one place the overrides' order is set
-        object.__setattr__(self, "extra", canonical(self.extra))
+    def seed_value(self) -> float:
+        """The seed's one value of a per-seed measure (coverage, head diversity)."""
+        return self.coverage if self.measure == "coverage" else self.value
 
 
-def canonical(extra: str) -> str:
-    """Overrides sorted by key: a run whose config lists its fields in another order (a dataclass
-    reordered since) pools with the older runs of the same overrides."""
-    return " ".join(sorted(extra.split(), key=lambda w: w.lstrip("+~")))
+def overrides_text(overrides: dict) -> str:
+    """The overrides as they are typed on the command line (tables show them so)."""
+    return " ".join(k if v is None else f"{k}={v}" for k, v in overrides.items())
+
+
+CONDITION_ORDER = ("corruption", "image_size", "attention", "seed_start")  # as the tables name them; other options after
+
+
+def condition_text(condition: dict, sep: str = "") -> str:
+    """``clean``, or the condition as the tables name it: corruption kind and severity (``sep`` between them),
+    image size, attention settings, first evaluation seed, in that order."""
+    parts = ["+".join(f"{k}{sep}{s}" for k, s in condition.get("corruption", []))] if condition.get("corruption") else []
+    parts += [f"{condition['image_size']}px"] if "image_size" in condition else []
+    parts += [f"{k}={_value(v)}" for k, v in sorted(condition.get("attention", {}).items())]
+    parts += [f"{k}={_value(v)}" for k, v in sorted(condition.items()) if k not in CONDITION_ORDER]
+    parts += [f"seed{condition['seed_start']}"] if "seed_start" in condition else []
+    return " ".join(parts) or "clean"
+
+
+def upgrade(line: dict) -> dict:
+    """A record line as today's ``Record`` takes it. Lines of before typed records hold ``extra``, the
+    overrides space-separated ("+k=v", "~k"), and ``condition`` as words ("brightness1 112px global_slope=0.75
+    seed100050"); the lines of today pass unchanged."""
+    if "extra" not in line:
+        return line
+    line = dict(line)
+    overrides = dict((w.split("=", 1) + [None])[:2] for w in line.pop("extra").split())
+    condition = {}
+    for word in line["condition"].split():
+        if word == "clean":
+            continue
+        elif re.fullmatch(r"\d+px", word):
+            condition["image_size"] = int(word[:-2])
+        elif re.fullmatch(r"seed\d+", word):
+            condition["seed_start"] = int(word[4:])
+        elif "=" in word:
+            k, v = word.split("=", 1)
+            condition.setdefault("attention", {})[k] = json.loads(v)
+        else:  # a corruption tag: kind and severity, "+"-joined
+            condition["corruption"] = [[m[1], int(m[2])] for m in re.finditer(r"([a-z_]+)(\d+)", word)]
+    return {**line, "overrides": overrides, "condition": condition}
 
 
 def load(results: Path, study: str) -> list[Record]:
+    """The study's records; a line that is not one ends in one line naming the file and the line."""
     path = Path(results) / study / "records.jsonl"
-    return [Record(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    out = []
+    for n, line in enumerate(path.read_text().splitlines() if path.exists() else [], 1):
+        try:
+            out += [Record(**upgrade(json.loads(line)))] if line.strip() else []
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{path} line {n} is not a record ({' '.join(str(exc).split())[:120]}): "
+                             f"restore it from version control or delete that line") from None
+    return out
 
 
 def save(results: Path, study: str, new: list[Record]) -> int:
@@ -69,8 +127,12 @@ def save(results: Path, study: str, new: list[Record]) -> int:
     merged = {**old, **changed}
     (Path(results) / study).mkdir(parents=True, exist_ok=True)
     replace_file(Path(results) / study / "records.jsonl",
-                 "".join(json.dumps(asdict(merged[k])) + "\n" for k in sorted(merged, key=lambda k: tuple(map(str, k)))))
+                 "".join(json.dumps(_line(merged[k])) + "\n" for k in sorted(merged, key=lambda k: tuple(map(str, k)))))
     return len(changed)
+
+
+def _line(record: Record) -> dict:
+    return {f.name: getattr(record, f.name) for f in fields(Record) if f.name not in OPTIONAL or getattr(record, f.name) != f.default}
 
 
 def _value(v) -> str:
@@ -78,7 +140,7 @@ def _value(v) -> str:
         json.dumps(v, separators=(",", ":")) if isinstance(v, list) else str(v)
 
 
-def extra_overrides(cfg: dict, recipe: str) -> str:
+def extra_overrides(cfg: dict, recipe: str) -> dict:
     """The overrides that turn ``train_policy.py task=T policy=P attention=A recipe=R`` in the papers'
     setting (``PAPERS_SETTING``) into this run's config, compared in today's layout. A setting the run predates (a dataclass field, or an entry of a dict the
     run has not got) is not one of its overrides: it trained with what the code then did."""
@@ -87,48 +149,59 @@ def extra_overrides(cfg: dict, recipe: str) -> str:
     from policies.registry import get_policy_class
 
     schema = compose("config", [f"task={cfg['task']['name']}", f"policy={cfg['policy']['name']}",
-                                f"attention={cfg['attention']['kind']}", f"recipe={recipe}", *PAPERS_SETTING])
+                                f"attention={cfg['attention']['kind']}", f"recipe={recipe}", *(f"{k}={v}" for k, v in PAPERS_SETTING.items())])
     base = flatten(to_dict(schema))
     run = flatten({**cfg, "policy": get_policy_class(cfg["policy"]["name"]).config_class.upgrade(cfg["policy"])})
     removed = [k for k in base if k not in run and field_default(schema, k) is NO_DEFAULT
                and any(r.startswith(k.rsplit(".", 1)[0] + ".") for r in run)]  # an entry the user dropped from a dict
     keep = [k for k in [*run, *removed] if not k.startswith((*RESUMABLE, *NOT_EXTRA))]
-    out = [f"~{k}" if k not in run else f"+{k}={_value(run[k])}" if k not in base else f"{k}={_value(run[k])}"
-           for k in keep if run.get(k, ...) != base.get(k, ...)]
-    return " ".join(out)
+    return dict((f"~{k}", None) if k not in run else (f"+{k}" if k not in base else k, _value(run[k]))
+                for k in keep if run.get(k, ...) != base.get(k, ...))
 
 
-def condition_of(summary: dict) -> str:
-    """``clean``, or what the evaluation changed: corruption tag, image size, attention settings, first seed."""
-    parts = [summary["corruption"]] if summary.get("corruption") else []
-    parts += [f"{summary['image_size']}px"] if summary.get("image_size") else []
-    parts += [f"{k}={_value(v)}" for k, v in sorted((summary.get("attention_overrides") or {}).items())]
-    parts += [f"seed{summary['seed_start']}"] if summary.get("seed_start", EVAL_SEED_START) != EVAL_SEED_START else []
-    return " ".join(parts) or "clean"
+def condition_of(summary: dict) -> dict:
+    """The inference options an evaluation changed, from its summary.json (its fields, no words parsed but a
+    corruption that an older summary names by its tag only: ``upgrade``)."""
+    condition = {k: summary[k] for k in ("image_size",) if summary.get(k)}
+    condition |= {"attention": summary["attention_overrides"]} if summary.get("attention_overrides") else {}
+    if summary.get("seed_start", EVAL_SEED_START) != EVAL_SEED_START:
+        condition["seed_start"] = summary["seed_start"]
+    corruption = summary.get("corruptions") or (summary.get("corruption") and upgrade(
+        {"extra": "", "condition": summary["corruption"]})["condition"]["corruption"])
+    return {**condition, **({"corruption": [list(c) for c in corruption]} if corruption else {})}
+
+
+def run_config(run_dir: Path) -> dict:
+    if not (Path(run_dir) / "config.json").exists():
+        raise FileNotFoundError(f"{run_dir} holds no config.json: give the run_dir= of a train_policy.py run")
+    return json.loads((Path(run_dir) / "config.json").read_text())
+
+
+def run_fields(run_dir: Path, recipe: str) -> dict:
+    """What every record of a training run shares: task, policy, attention, steps, overrides, seed, minutes, commit."""
+    from policies.checkpoint import newest_checkpoint
+
+    cfg = run_config(run_dir)
+    last = newest_checkpoint(Path(run_dir) / "checkpoints")
+    state = json.loads((last / "training_state.json").read_text())["__dict__"] if last else {}
+    return dict(task=cfg["task"]["name"], policy=cfg["policy"]["name"], attention=cfg["attention"]["kind"],
+                steps=int(cfg["train"]["steps"]), overrides=extra_overrides(cfg, recipe), seed=int(cfg["seed"]),
+                train_seconds=state.get("train_seconds"), commit=subprocess.run(  # the code that recorded it
+                    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip())
 
 
 def records_of_run(run_dir: Path, recipe: str = "cpu", settings: list[str] | None = None) -> list[Record]:
     """One record per ``eval/*/summary.json`` of a training run directory (``settings``: only these eval folders)."""
-    from policies.checkpoint import newest_checkpoint
-
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").exists():
-        raise FileNotFoundError(f"{run_dir} holds no config.json: give the run_dir= of a train_policy.py run")
-    cfg = json.loads((run_dir / "config.json").read_text())
-    last = newest_checkpoint(run_dir / "checkpoints")
-    state = json.loads((last / "training_state.json").read_text())["__dict__"] if last else {}
-    common = dict(task=cfg["task"]["name"], policy=cfg["policy"]["name"], attention=cfg["attention"]["kind"],
-                  steps=int(cfg["train"]["steps"]), extra=extra_overrides(cfg, recipe), seed=int(cfg["seed"]),
-                  train_seconds=state.get("train_seconds"), commit=subprocess.run(  # the code that recorded it
-                      ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip())
+    common = run_fields(run_dir, recipe)
     out = {}
     paths = [run_dir / "eval" / n / "summary.json" for n in settings] if settings is not None else run_dir.glob("eval/*/summary.json")
     for path in sorted(p for p in paths if p.exists()):
         s = json.loads(path.read_text())
-        if condition_of(s) in out:  # two evaluations of one condition: which one to record is the user's choice
-            raise ValueError(f"{out[condition_of(s)][0]} and {path.parent} both evaluate {run_dir} under condition {condition_of(s)!r}: "
-                             f"move the one not to record out of {run_dir / 'eval'}")
-        out[condition_of(s)] = (path.parent, Record(**common, condition=condition_of(s), successes=int(s["successes"]),
-                                                    episodes=int(s["num_episodes"]), coverage=s.get("mean_max_coverage")))
+        record = Record(**common, condition=condition_of(s), successes=int(s["successes"]), episodes=int(s["num_episodes"]),
+                        coverage=s.get("mean_max_coverage"))
+        if record.key in out:  # two evaluations of one condition: which one to record is the user's choice
+            raise ValueError(f"{out[record.key][0]} and {path.parent} both evaluate {run_dir} under condition "
+                             f"{condition_text(record.condition)!r}: move the one not to record out of {run_dir / 'eval'}")
+        out[record.key] = (path.parent, record)
     return [record for _, record in out.values()]
-

@@ -8,6 +8,7 @@ on joblib or submitit, and records every evaluation (``studies.records``). docs/
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import subprocess
@@ -27,16 +28,16 @@ class Budget:
     episodes: int = 50  # clean evaluation episodes per seed
     shifted_episodes: int = 30  # per seed under a corruption or at another image size
     workers: int = 2  # environment processes of one evaluation
-    train_overrides: tuple[str, ...] = ()  # added to every cell (the tests' tiny budget)
-    rollout_overrides: tuple[str, ...] = ()  # added to every evaluation
+    train_overrides: dict = field(default_factory=dict)  # added to every cell (the tests' tiny budget)
+    rollout_overrides: dict = field(default_factory=dict)  # added to every evaluation
 
 
 BUDGETS = {
-    "cpu": Budget(),  # a 2-core CPU machine
+    "cpu": Budget(),  # 2 CPU cores
     "paper": Budget(recipe="paper", workers=8),  # the papers' scale, for a GPU
     "tiny": Budget(recipe="none", seeds=(0,), episodes=1, shifted_episodes=1, workers=0,  # seconds, for the tests
-                   train_overrides=("train.steps=2", "train.batch_size=4", "train.checkpoint_every=2"),
-                   rollout_overrides=("max_steps=3",)),
+                   train_overrides={"train.steps": "2", "train.batch_size": "4", "train.checkpoint_every": "2"},
+                   rollout_overrides={"max_steps": "3"}),
 }
 
 
@@ -45,50 +46,54 @@ class Study:
     name: str
     tasks: tuple[str, ...]
     policies: tuple[str, ...]
-    arms: tuple[str, ...]  # one encoder each: "attention=KIND [attention.FIELD=VALUE ...] [other overrides]"
-    settings: dict[str, str]  # name -> rollout.py options; {episodes}, {shifted_episodes}, {workers} from the budget
-    variants: tuple[str, ...] = ("",)  # more training overrides crossed with the grid (e.g. train.max_episodes=10)
-    only: dict[str, str] = field(default_factory=dict)  # setting -> the one arm it applies to (an attention-specific option)
+    arms: tuple[dict, ...]  # one encoder each: {"attention": KIND, "attention.FIELD": VALUE, ..., other overrides}
+    settings: dict[str, dict]  # name -> rollout.py options; "{episodes}", "{shifted_episodes}", "{workers}" from the budget
+    variants: tuple[dict, ...] = ({},)  # more training overrides crossed with the grid (e.g. train.max_episodes: 10)
+    only: dict[str, dict] = field(default_factory=dict)  # setting -> the one arm it applies to (an attention-specific option)
 
     def cells(self, budget: Budget, results: Path) -> list[Cell]:
-        return [Cell(t, p, arm, s, budget.recipe, (*budget.train_overrides, *v.split()), Path(results).absolute())
+        return [Cell(t, p, arm, s, budget.recipe, {**budget.train_overrides, **v}, Path(results).absolute())
                 for t in self.tasks for p in self.policies for arm in self.arms for v in self.variants for s in budget.seeds]
 
     def rollout_options(self, budget: Budget, cell: Cell | None = None) -> dict[str, list[str]]:
         """Each setting's rollout.py options, the budget's last (for ``cell``: the settings that apply to its arm)."""
-        return {name: [f"{k}={v}" for k, v in dict(o.split("=", 1) for o in [*opts.format(**asdict(budget)).split(),
-                                                                             *budget.rollout_overrides]).items()]
+        return {name: [f"{k}={v}" for k, v in {**{k: str(v).format(**asdict(budget)) for k, v in opts.items()},
+                                                **budget.rollout_overrides}.items()]
                 for name, opts in self.settings.items() if cell is None or self.only.get(name, cell.arm) == cell.arm}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Cell:
     task: str
     policy: str
-    arm: str
+    arm: dict  # {"attention": KIND, ...}: the encoder's overrides
     seed: int
     recipe: str
-    extra: tuple[str, ...] = ()
-    results: Path = field(default=Path("results"), compare=False)
+    extra: dict = field(default_factory=dict)  # the budget's and the variant's overrides
+    results: Path = Path("results")
 
     @property
-    def overrides(self) -> list[str]:
-        """``python train_policy.py`` arguments, run_dir= aside (in the order earlier studies hashed them),
+    def overrides(self) -> dict:
+        """``python train_policy.py``'s overrides, run_dir= aside (in the order earlier studies hashed them),
         then the papers' setting where the cell does not set those keys itself."""
-        kind, *rest = self.arm.split()
-        attn = [o for o in rest if o.startswith("attention.")]
-        out = [f"task={self.task}", f"policy={self.policy}", kind, f"recipe={self.recipe}", f"seed={self.seed}",
-               "eval.num_episodes=0", *attn, *(o for o in rest if o not in attn), *self.extra]
-        return out + [o for o in PAPERS_SETTING if not any(x.startswith(o.split("=")[0] + "=") for x in out)]
+        attn = {k: v for k, v in self.arm.items() if k.startswith("attention.")}
+        out = {"task": self.task, "policy": self.policy, "attention": self.arm["attention"], "recipe": self.recipe,
+               "seed": str(self.seed), "eval.num_episodes": "0", **attn, **{k: v for k, v in self.arm.items() if k != "attention"},
+               **self.extra}
+        return out | {k: v for k, v in PAPERS_SETTING.items() if k not in out}
+
+    @property
+    def args(self) -> list[str]:
+        return [f"{k}={v}" for k, v in self.overrides.items()]
 
     @property
     def run_dir(self) -> Path:
         """The cell's directory: an existing one with the same overrides' hash, else a new one under results/cells/.
         The papers' setting is not hashed: the cells trained before recipe=cpu jittered images are these."""
-        digest = hashlib.sha1(json.dumps([o for o in self.overrides if o not in PAPERS_SETTING]).encode()).hexdigest()[:10]
+        hashed = [f"{k}={v}" for k, v in self.overrides.items() if PAPERS_SETTING.get(k) != v]
+        digest = hashlib.sha1(json.dumps(hashed).encode()).hexdigest()[:10]
         found = [*sorted(self.results.glob(f"cells/*_s{self.seed}_{digest}")), *sorted(self.results.glob(f"*/cells/*_s{self.seed}_{digest}"))]
-        kind = self.arm.split()[0].removeprefix("attention=")
-        return found[0] if found else self.results / "cells" / f"{self.task}_{self.policy}_{kind}_s{self.seed}_{digest}"
+        return found[0] if found else self.results / "cells" / f"{self.task}_{self.policy}_{self.arm['attention']}_s{self.seed}_{digest}"
 
     def trained_step(self) -> int:
         from policies.checkpoint import checkpoint_step, newest_checkpoint
@@ -99,10 +104,23 @@ class Cell:
     def train_command(self) -> list[str]:
         """Resume from the newest complete checkpoint (``run`` restarts one stopped before its first)."""
         resume = ["resume=true"] * (self.trained_step() > 0)
-        return [sys.executable, "train_policy.py", *self.overrides, f"run_dir={self.run_dir}", *resume]
+        return [sys.executable, "train_policy.py", *self.args, f"run_dir={self.run_dir}", *resume]
 
 
-def check(study: Study, budget: Budget, cells: list[Cell]) -> dict[Cell, int]:
+def training_pid(run_dir: Path) -> str | None:
+    """Who holds the run's lock (core.rundir: a training running now), or None: its PID as it wrote it."""
+    if not (run_dir / ".lock").exists():
+        return None
+    with open(run_dir / ".lock") as lock:
+        try:  # a shared lock for an instant: refused while a training holds its exclusive one
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return lock.read().strip() or "unknown"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    return None
+
+
+def check(study: Study, budget: Budget, cells: list[Cell]) -> list[int]:
     """Compose every cell and setting as the two commands would (one line on a mistake); each cell's train.steps."""
     from core.config import compose
 
@@ -115,7 +133,7 @@ def check(study: Study, budget: Budget, cells: list[Cell]) -> dict[Cell, int]:
 
     for options in study.rollout_options(budget).values():
         composed("python rollout.py", "rollout", ["checkpoint=CELL", *options])
-    return {c: composed("python train_policy.py", "config", c.overrides).train.steps for c in cells}
+    return [composed("python train_policy.py", "config", c.args).train.steps for c in cells]
 
 
 def _command(cmd: list[str], log: Path) -> int:
@@ -124,50 +142,57 @@ def _command(cmd: list[str], log: Path) -> int:
         return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT).returncode
 
 
-def launch(jobs: list[tuple[str, list[str], Path]], engine: str, n_jobs: int, slurm: dict, folder: Path) -> list[str]:
-    """Run (label, command, log) jobs; the labels of those that failed, with where to look."""
+def launch(jobs: list[tuple[str, list[str], Path]], engine: str, n_jobs: int, slurm: dict, folder: Path) -> dict[str, str]:
+    """Run (label, command, log) jobs; label -> what went wrong, with where to look, for those that failed."""
     if not jobs:
-        return []
+        return {}
     if engine == "joblib":
         from joblib import Parallel, delayed
 
         codes = Parallel(n_jobs=n_jobs)(delayed(_command)(cmd, log) for _, cmd, log in jobs)
-        return [f"{label}: exit status {rc}, log {log}" for (label, _, log), rc in zip(jobs, codes) if rc != 0]
+        return {label: f"exit status {rc}, log {log}" for (label, _, log), rc in zip(jobs, codes) if rc != 0}
     import submitit
 
     executor = submitit.AutoExecutor(folder=folder, cluster=engine)
     executor.update_parameters(**slurm)
     submitted = [executor.submit(submitit.helpers.CommandFunction(cmd, cwd=str(REPO))) for _, cmd, _ in jobs]
-    failed = []
+    failed = {}
     for (label, _, _), job in zip(jobs, submitted):
         try:
             job.result()
         except Exception as exc:  # the command's failure, or the scheduler's: reported, the others go on
-            failed.append(f"{label}: {' '.join(str(exc).split())[:300]} (submitit log {job.paths.stderr})")
+            failed[label] = f"{' '.join(str(exc).split())[:300]} (submitit log {job.paths.stderr})"
     return failed
 
 
 def run(study: Study, budget: Budget, results: Path, engine: str = "joblib", n_jobs: int = 1, slurm: dict | None = None,
         log=print) -> list[str]:
-    """Train, evaluate, record; returns what failed (empty when everything finished)."""
+    """Train, evaluate, record; returns what failed (empty when everything finished). A cell that another process
+    trains now is left to it, and a command that failed because another process did its work is no failure."""
     from studies.records import records_of_run, save
 
     cells = study.cells(budget, results)
-    steps = check(study, budget, cells)
-    todo = [c for c in cells if c.trained_step() < steps[c]]
-    log(f"{study.name}: {len(cells)} cells, {len(cells) - len(todo)} trained already, {len(todo)} to train")
+    steps = {c.run_dir: n for c, n in zip(cells, check(study, budget, cells))}
+    busy = {c.run_dir: pid for c in cells if (pid := training_pid(c.run_dir))}
+    todo = [c for c in cells if c.trained_step() < steps[c.run_dir] and c.run_dir not in busy]
+    log(f"{study.name}: {len(cells)} cells, {len(cells) - len(todo) - len(busy)} trained already, {len(todo)} to train" +
+        "".join(f"\n{study.name}: {d.name} is being trained by PID {pid}; rerun when it finishes" for d, pid in busy.items()))
     for c in (c for c in todo if not c.trained_step() and (c.run_dir / "config.json").exists()):
         (c.run_dir / "config.json").unlink()  # stopped before its first checkpoint: written by the run itself; logs stay
-    failed = launch([(f"train {c.run_dir.name}", c.train_command(), c.run_dir / "logs" / "train.log") for c in todo],
-                    engine, n_jobs, slurm or {}, results / "cells" / ".submitit")
-    trained = [c for c in cells if c.trained_step() >= steps[c]]
-    failed += [f"evaluations of {c.run_dir.name}: not run, its training did not finish" for c in cells if c not in trained]
-    evals = [(f"eval {c.run_dir.name} {name}", [sys.executable, "rollout.py", f"checkpoint={c.run_dir}", *opts, "num_videos=0",
-                                               f"out_dir={c.run_dir / 'eval' / name}"], c.run_dir / "logs" / f"eval_{name}.log")
-             for c in trained for name, opts in study.rollout_options(budget, c).items()]
-    todo_evals = [e for e in evals if not (Path(e[1][-1].removeprefix("out_dir=")) / "summary.json").exists()]
+    jobs = {f"train {c.run_dir.name}": (c.train_command(), c.run_dir / "logs" / "train.log", c) for c in todo}
+    failed = {label: why for label, why in launch([(k, cmd, log) for k, (cmd, log, _) in jobs.items()], engine, n_jobs, slurm or {},
+                                                  results / "cells" / ".submitit").items()
+              if not (training_pid(jobs[label][2].run_dir) or jobs[label][2].trained_step() >= steps[jobs[label][2].run_dir])}
+    trained = [c for c in cells if c.trained_step() >= steps[c.run_dir] and not training_pid(c.run_dir)]
+    failed |= {f"evaluations of {c.run_dir.name}": "not run, its training did not finish" for c in todo if c not in trained}
+    evals = {f"eval {c.run_dir.name} {name}": ([sys.executable, "rollout.py", f"checkpoint={c.run_dir}", *opts, "num_videos=0",
+                                               f"out_dir={c.run_dir / 'eval' / name}"], c.run_dir / "logs" / f"eval_{name}.log",
+                                              c.run_dir / "eval" / name / "summary.json")
+             for c in trained for name, opts in study.rollout_options(budget, c).items()}
+    todo_evals = [(label, cmd, log) for label, (cmd, log, summary) in evals.items() if not summary.exists()]
     log(f"{study.name}: {len(evals)} evaluations, {len(evals) - len(todo_evals)} cached, {len(todo_evals)} to run")
-    failed += launch(todo_evals, engine, n_jobs, slurm or {}, results / "cells" / ".submitit")
+    failed |= {label: why for label, why in launch(todo_evals, engine, n_jobs, slurm or {}, results / "cells" / ".submitit").items()
+               if not evals[label][2].exists()}  # else another runner evaluated it meanwhile
     new = [r for c in trained for r in records_of_run(c.run_dir, budget.recipe, settings=list(study.rollout_options(budget, c)))]
     log(f"{study.name}: {save(results, study.name, new)} new or changed records in {results / study.name / 'records.jsonl'}")
-    return failed
+    return [f"{label}: {why}" for label, why in failed.items()]

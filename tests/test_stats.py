@@ -5,7 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.stats import bootstrap_difference, bootstrap_rate, verdict
+from core.stats import bootstrap_difference, bootstrap_rate, holm, verdict
+
+B1 = {"corruption": [["brightness", 1]]}  # a record's condition: brightness +0.1
 
 
 def test_identical_seeds_give_the_binomial_width():
@@ -37,7 +39,7 @@ def test_difference_interval_and_verdicts():
 
 
 def _records(root, study, rows):
-    """rows: (attention, extra, condition, [(successes, episodes) per seed])."""
+    """rows: (attention, overrides, condition, [(successes, episodes) per seed])."""
     from studies.records import Record, save
 
     save(root, study, [Record("lift", "bc", a, 4000, extra, seed, cond, k, n)
@@ -45,13 +47,14 @@ def _records(root, study, rows):
 
 
 def test_the_claims_table_compares_each_method_with_full_attention_and_keeps_the_prose(tmp_path):
-    from studies.claims import BEGIN, END, MULT, main
+    from studies.claims import BEGIN, END, main
+    from studies.evidence import MULT
 
-    _records(tmp_path, "main", [("full", "", "clean", [(50, 50)] * 3), ("fibottention", "", "clean", [(49, 50), (50, 50), (48, 50)]),
-                                ("fibottention", "train.steps=4000", "clean", [(50, 50)]),  # fewer seeds: the 3-seed row is used
-                                ("lookhere", "", "clean", [(25, 50)] * 3), ("fibottention", MULT, "clean", [(40, 50)])])
-    _records(tmp_path, "robustness", [(a, "", c, [(k, n)] * 3) for a, bright in [("full", 30), ("fibottention", 3), ("bigbird", 3)]
-                                      for c, k, n in [("clean", 50, 50), ("brightness1", bright, 30)]])
+    _records(tmp_path, "main", [("full", {}, {}, [(50, 50)] * 3), ("fibottention", {}, {}, [(49, 50), (50, 50), (48, 50)]),
+                                ("fibottention", {"train.steps": "4000"}, {}, [(50, 50)]),  # fewer seeds: the 3-seed row is used
+                                ("lookhere", {}, {}, [(25, 50)] * 3), ("fibottention", MULT.overrides, {}, [(40, 50)])])
+    _records(tmp_path, "robustness", [(a, {}, c, [(k, n)] * 3) for a, bright in [("full", 30), ("fibottention", 3), ("bigbird", 3)]
+                                      for c, k, n in [({}, 50, 50), (B1, bright, 30)]])
     (tmp_path / "claims.md").write_text(f"# Claims\n\nprose before\n\n{BEGIN}\nold table\n{END}\n\nprose after\n")
     rows = {r["measurement"]: r for r in main(["--results", str(tmp_path)])}
     fib = rows["lift bc, clean, Fibottention − full"]
@@ -76,13 +79,14 @@ def test_the_claims_table_compares_each_method_with_full_attention_and_keeps_the
 
 
 def test_the_per_image_table_compares_the_fix_with_both_baselines_and_its_own_encoder(tmp_path):
-    from studies.claims import PER_IMAGE, main
+    from studies.claims import main
+    from studies.evidence import PER_IMAGE
 
     def arm(a, extra, clean, bright):
-        return [(a, extra, "clean", [(clean, 50)] * 3), (a, extra, "brightness1", [(bright, 30)] * 3)]
-    _records(tmp_path, "robustness", [*arm("full", "", 50, 30), *arm("fibottention", "", 50, 3),
-                                      *arm("fibottention", f"{PER_IMAGE} train.steps=4000", 45, 27),
-                                      *arm("full", PER_IMAGE, 50, 30), *arm("fibottention", "attention.foo=1", 0, 0)])
+        return [(a, extra, {}, [(clean, 50)] * 3), (a, extra, B1, [(bright, 30)] * 3)]
+    _records(tmp_path, "robustness", [*arm("full", {}, 50, 30), *arm("fibottention", {}, 50, 3),
+                                      *arm("fibottention", {**PER_IMAGE, "train.steps": "4000"}, 45, 27),
+                                      *arm("full", PER_IMAGE, 50, 30), *arm("fibottention", {"attention.foo": "1"}, 0, 0)])
     (tmp_path / "claims.md").write_text("# Claims\n\n<!-- per-image:begin -->\n<!-- per-image:end -->\n\nprose after\n")
     main(["--results", str(tmp_path)])
     fixed = json.loads((tmp_path / "claims.json").read_text())["per_image"]
@@ -101,27 +105,31 @@ def test_the_per_image_table_compares_the_fix_with_both_baselines_and_its_own_en
 
 def test_each_row_is_compared_with_full_attention_less_its_attention_settings():
     from studies.claims import baseline_row
+    from studies.records import Record
 
-    row = ("lift", "bc", "lookhere", 4000, "attention.global_slope=1.0 policy.vit.pool=cls", "112px global_slope=0.75")
-    assert baseline_row(row) == ("lift", "bc", "full", 4000, "policy.vit.pool=cls", "112px")
-    assert baseline_row(("can", "bc", "fibottention", 15000, "", "brightness1")) == ("can", "bc", "full", 15000, "", "brightness1")
+    lookhere = Record("lift", "bc", "lookhere", 4000, {"attention.global_slope": "1.0", "policy.vit.pool": "cls"}, 0,
+                      {"image_size": 112, "attention": {"global_slope": 0.75}})
+    assert baseline_row(lookhere) == Record("lift", "bc", "full", 4000, {"policy.vit.pool": "cls"}, 1, {"image_size": 112}).row
+    fib = Record("can", "bc", "fibottention", 15000, {}, 0, B1)
+    assert baseline_row(fib) == Record("can", "bc", "full", 15000, {}, 0, B1).row
 
 
 def test_runs_with_the_same_overrides_in_another_order_pool_in_one_row(tmp_path):
     """A dataclass whose fields were reordered since lists a newer run's overrides in another order."""
-    from studies.claims import best, rows_of
+    from studies.claims import pick, rows_of
+    from studies.evidence import Arm
     from studies.records import Record, load, save
 
-    older = Record("lift", "bc", "lookhere", 4000, "policy.vit.pool=cls attention.rotate_directions=false ~task.x", 0, "clean", 46, 50)
-    (tmp_path / "main").mkdir()
-    (tmp_path / "main" / "records.jsonl").write_text(json.dumps({**older.__dict__, "extra": "policy.vit.pool=cls "
-                                                                 "attention.rotate_directions=false ~task.x"}) + "\n")  # as written before
-    save(tmp_path, "main", [Record("lift", "bc", "lookhere", 4000, "attention.rotate_directions=false ~task.x policy.vit.pool=cls",
-                                   2, "clean", 40, 50)])
-    rows = rows_of(load(tmp_path, "main"))
-    assert list(rows) == [("lift", "bc", "lookhere", 4000, "attention.rotate_directions=false policy.vit.pool=cls ~task.x", "clean")]
-    assert [r.seed for r in best(rows, "lift", "bc", "lookhere", "~task.x policy.vit.pool=cls attention.rotate_directions=false",
-                                 "clean")] == [0, 2]
+    (tmp_path / "main").mkdir()  # a line as written before typed records: overrides space-separated, in another order
+    (tmp_path / "main" / "records.jsonl").write_text(json.dumps(dict(
+        task="lift", policy="bc", attention="lookhere", steps=4000, extra="policy.vit.pool=cls attention.rotate_directions=false ~task.x",
+        seed=0, condition="clean", successes=46, episodes=50, coverage=None, train_seconds=None, commit="")) + "\n")
+    save(tmp_path, "main", [Record("lift", "bc", "lookhere", 4000, {"~task.x": None, "policy.vit.pool": "cls",
+                                                                    "attention.rotate_directions": "false"}, 2, {}, 40, 50)])
+    records = load(tmp_path, "main")
+    assert len(rows_of(records)) == 1 and list(records[0].overrides) == ["attention.rotate_directions", "policy.vit.pool", "~task.x"]
+    wanted = Arm("", "lookhere", {"policy.vit.pool": "cls", "~task.x": None, "attention.rotate_directions": "false"})
+    assert [r.seed for r in pick(records, "lift", "bc", wanted, {}, "success")] == [0, 2]
 
 
 def test_the_committed_tables_and_claims_are_what_the_committed_records_give(tmp_path):
@@ -152,12 +160,12 @@ def test_the_lottery_counts_collapsing_seeds_and_each_claim_counts_its_tasks(tmp
     from studies.claims import main
     from studies.records import Record, save
 
-    _records(tmp_path, "main", [("full", "", "clean", [(50, 50)] * 3), ("fibottention", "", "clean", [(40, 50)] * 3)])
-    _records(tmp_path, "robustness", [("full", "", "brightness1", [(30, 30), (27, 30), (30, 30), (29, 30)]),
-                                      ("fibottention", "", "brightness1", [(18, 30), (0, 30), (0, 30), (30, 30)])])
-    save(tmp_path, "can", [Record("can", "bc", a, 15000, "", s, c, k, 50) for s in range(3) for a, c, k in
-                           [("full", "clean", 45), ("fibottention", "clean", 20), ("full", "brightness1", 45), ("fibottention", "brightness1", 44)]])
-    save(tmp_path, "pusht", [Record("pusht", "diffusion", a, 15000, "", 0, "clean", k, 50) for a, k in
+    _records(tmp_path, "main", [("full", {}, {}, [(50, 50)] * 3), ("fibottention", {}, {}, [(40, 50)] * 3)])
+    _records(tmp_path, "robustness", [("full", {}, B1, [(30, 30), (27, 30), (30, 30), (29, 30)]),
+                                      ("fibottention", {}, B1, [(18, 30), (0, 30), (0, 30), (30, 30)])])
+    save(tmp_path, "can", [Record("can", "bc", a, 15000, {}, s, c, k, 50) for s in range(3) for a, c, k in
+                           [("full", {}, 45), ("fibottention", {}, 20), ("full", B1, 45), ("fibottention", B1, 44)]])
+    save(tmp_path, "pusht", [Record("pusht", "diffusion", a, 15000, {}, 0, {}, k, 50) for a, k in
                              (("full", 45), ("lookhere", 5), ("fibottention", 44))])
     (tmp_path / "claims.md").write_text("<!-- tasks:begin -->\n<!-- tasks:end -->\n\n<!-- lottery:begin -->\n<!-- lottery:end -->\n")
     main(["--results", str(tmp_path)])
@@ -174,3 +182,18 @@ def test_the_lottery_counts_collapsing_seeds_and_each_claim_counts_its_tasks(tmp
     assert tasks["Better task success (LookHere)"][1:] == ["not measured", "fewer than 3 seeds (1 rows)",
                                                           "fewer than 3 seeds on 1, not measured on 2 of 3 tasks"]
     assert "| Extrapolates to larger images (LookHere) | not measured | not measured | not measured |" in (tmp_path / "claims.md").read_text()
+
+
+def test_a_whole_interval_within_the_margin_reads_equivalent_and_holm_keeps_only_what_survives():
+    from core.stats import EQUIVALENCE_MARGIN
+
+    same = bootstrap_difference([np.array([1] * 97 + [0] * 3)] * 3, [np.array([1] * 98 + [0] * 2)] * 3)  # 97% vs 98%, 100 episodes
+    assert -EQUIVALENCE_MARGIN <= same.lo < 0 < same.hi <= EQUIVALENCE_MARGIN
+    assert verdict(same, margin=EQUIVALENCE_MARGIN) == "equivalent within ±5 points" and verdict(same) == "not resolved at this scale"
+    wide = bootstrap_difference([np.array([1, 0] * 25)] * 3, [np.array([0, 1] * 25)] * 3)  # 50% vs 50%, +-20 points
+    assert verdict(wide, margin=EQUIVALENCE_MARGIN) == "not resolved at this scale" and wide.p == pytest.approx(1.0, abs=0.1)
+    better = bootstrap_difference([np.ones(50)] * 3, [np.array([1] * 25 + [0] * 25)] * 3)
+    assert better.p == 0.0  # no draw on the far side of 0
+    # Holm over 3: the smallest p against 0.05/3, the next against 0.05/2, the last against 0.05; the first failure stops
+    assert holm([0.01, 0.04, 0.03]) == [True, False, False] and holm([0.001, 0.02, 0.04]) == [True, True, True]
+    assert holm([0.02]) == [True] and holm([]) == []

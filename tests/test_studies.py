@@ -15,8 +15,9 @@ from studies.diversity import head_diversity, linear_cka
 from studies.records import load, records_of_run
 from studies.study import BUDGETS, Cell, Study, check, run
 
-SETTINGS = {"clean": "num_episodes={episodes} workers={workers}",
-            "brightness1": "num_episodes={shifted_episodes} workers={workers} corruption=brightness:1"}
+SETTINGS = {"clean": {"num_episodes": "{episodes}", "workers": "{workers}"},
+            "brightness1": {"num_episodes": "{shifted_episodes}", "workers": "{workers}", "corruption": "brightness:1"}}
+FULL = {"attention": "full"}
 
 
 @pytest.fixture
@@ -24,13 +25,13 @@ def tiny_budget(tiny_pusht_zarr):
     from tests.helpers import TINY_POLICY
 
     tiny = BUDGETS["tiny"]
-    return replace(tiny, train_overrides=(*tiny.train_overrides, f"task.dataset.path={tiny_pusht_zarr}", "train.val_fraction=0.34",
-                                          "train.num_threads=1", *TINY_POLICY))
+    return replace(tiny, train_overrides={**tiny.train_overrides, "task.dataset.path": str(tiny_pusht_zarr), "train.val_fraction": "0.34",
+                                          "train.num_threads": "1", **dict(o.split("=", 1) for o in TINY_POLICY)})
 
 
 def test_a_study_trains_and_evaluates_each_cell_once_records_it_and_a_failure_stops_nothing(tmp_path, tiny_budget, capsys):
     # global_slope= is LookHere's: that evaluation of full attention fails, in its own process, and the others run
-    study = Study("tiny", ("pusht",), ("bc",), ("attention=full",), {**SETTINGS, "bad": "num_episodes=1 global_slope=0.5"})
+    study = Study("tiny", ("pusht",), ("bc",), (FULL,), {**SETTINGS, "bad": {"num_episodes": "1", "global_slope": "0.5"}})
     results = tmp_path / "results"
     failed = run(study, tiny_budget, results, log=print)
     assert len(failed) == 1 and failed[0].startswith("eval pusht_bc_full_s0_") and " bad: exit status 1" in failed[0]
@@ -38,10 +39,10 @@ def test_a_study_trains_and_evaluates_each_cell_once_records_it_and_a_failure_st
     assert cell.trained_step() == 2 and "global_slope= applies to lookhere attention" in (cell.run_dir / "logs" / "eval_bad.log").read_text()
     records = load(results, "tiny")
     assert [(r.attention, r.condition, r.episodes, r.seed, r.steps) for r in records] == \
-        [("full", "brightness1", 1, 0, 2), ("full", "clean", 1, 0, 2)]
+        [("full", {"corruption": [["brightness", 1]]}, 1, 0, 2), ("full", {}, 1, 0, 2)]
     summary = json.loads((cell.run_dir / "eval" / "brightness1" / "summary.json").read_text())
     assert summary["corruption"] == "brightness1" and records[0].successes == summary["successes"]
-    assert "train.batch_size=4" in records[0].extra and records[0].train_seconds > 0
+    assert records[0].overrides["train.batch_size"] == "4" and records[0].train_seconds > 0
     # again: nothing is trained or evaluated twice, and the records stay as they were
     model = cell.run_dir / "checkpoints" / "last" / "model.safetensors"
     stamp = model.stat().st_mtime_ns
@@ -55,15 +56,40 @@ def test_a_study_trains_and_evaluates_each_cell_once_records_it_and_a_failure_st
     assert [replace(r, commit="") for r in load(results, "plain")] == [replace(r, commit="") for r in records]
     # only the evaluations a study is about (a run evaluated for several studies)
     assert studies_main(["add", "clean_only", str(cell.run_dir), "--evals", "clean", "--recipe", "none", "--results", str(results)]) == []
-    assert [r.condition for r in load(results, "clean_only")] == ["clean"]
+    assert [r.condition for r in load(results, "clean_only")] == [{}]
     with pytest.raises(SystemExit):
         studies_main(["add", "clean_only", str(cell.run_dir), "--evals", "clean,contrast2", "--results", str(results)])
     assert "eval/contrast2: no summary.json" in capsys.readouterr().err and len(load(results, "clean_only")) == 1
+    # a study of the catalog takes runs of its task and policy only: this PushT BC run is refused in one line
+    with pytest.raises(SystemExit):
+        studies_main(["add", "can", str(cell.run_dir), "--results", str(results)])
+    assert capsys.readouterr().err == (f"python -m studies: error: {cell.run_dir} is a pusht bc run, but study can holds can bc "
+                                       "runs: add it to a study of its task and policy, or to a name of your own\n")
+    assert not (results / "can").exists()
+
+
+def test_a_cell_that_another_process_trains_is_left_to_it(tmp_path, tiny_budget):
+    """A second runner (or a user's own train_policy.py) holds the cell's lock: its config.json stays, nothing
+    is trained or evaluated twice, and the runner names the PID instead of reporting a failure."""
+    import fcntl
+
+    study = Study("tiny", ("pusht",), ("bc",), (FULL,), {"clean": SETTINGS["clean"]})
+    cell = study.cells(tiny_budget, tmp_path)[0]
+    cell.run_dir.mkdir(parents=True)
+    (cell.run_dir / "config.json").write_text("{}")  # the other training's, written before its first checkpoint
+    lines = []
+    with open(cell.run_dir / ".lock", "a+") as lock:  # as core.rundir's RunDirectory holds it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write("4242")
+        lock.flush()
+        assert run(study, tiny_budget, tmp_path, log=lines.append) == []
+    assert (cell.run_dir / "config.json").read_text() == "{}" and not (cell.run_dir / "checkpoints").exists()
+    assert f"tiny: {cell.run_dir.name} is being trained by PID 4242; rerun when it finishes" in "\n".join(lines)
 
 
 def test_an_interrupted_cell_resumes_from_its_checkpoint(tmp_path, tiny_budget):
-    budget = replace(tiny_budget, train_overrides=tuple("train.steps=4" if o == "train.steps=2" else o for o in tiny_budget.train_overrides))
-    study = Study("tiny", ("pusht",), ("bc",), ("attention=full",), {"clean": SETTINGS["clean"]})
+    budget = replace(tiny_budget, train_overrides={**tiny_budget.train_overrides, "train.steps": "4"})
+    study = Study("tiny", ("pusht",), ("bc",), (FULL,), {"clean": SETTINGS["clean"]})
     cell = study.cells(budget, tmp_path)[0]
     stopped = ["train.steps=2" if o == "train.steps=4" else o for o in cell.train_command()]  # stops at its step-2 checkpoint
     import subprocess
@@ -85,20 +111,20 @@ def test_each_engine_runs_every_command_and_reports_each_failure(tmp_path, engin
     ok, bad = [sys.executable, "-c", "print('ran')"], [sys.executable, "-c", "raise SystemExit(3)"]
     jobs = [("first", ok, tmp_path / "first.log"), ("bad", bad, tmp_path / "bad.log"), ("last", ok, tmp_path / "last.log")]
     failed = launch(jobs, engine, 2, {"timeout_min": 5}, tmp_path / "submitit")
-    assert len(failed) == 1 and failed[0].startswith("bad: ")
+    assert list(failed) == ["bad"]
     if engine == "joblib":  # our logs; submitit keeps its own under the folder it is given
         assert (tmp_path / "first.log").read_text() == (tmp_path / "last.log").read_text() == "ran\n"
-        assert "exit status 3" in failed[0]
+        assert "exit status 3" in failed["bad"]
     else:
-        assert "submitit log" in failed[0] and (tmp_path / "submitit").is_dir()
+        assert "submitit log" in failed["bad"] and (tmp_path / "submitit").is_dir()
 
 
 @pytest.mark.parametrize("task, setting, message", [
-    ("nosuchtask", "num_episodes=1", "task=nosuchtask"),
-    ("pusht", "num_episodes=1 corruption=brightness:7", "corruption='brightness:7'"),
+    ("nosuchtask", {"num_episodes": "1"}, "task=nosuchtask"),
+    ("pusht", {"num_episodes": "1", "corruption": "brightness:7"}, "brightness:7"),
 ])
 def test_a_study_with_a_mistake_stops_before_anything_runs(tmp_path, tiny_budget, task, setting, message):
-    study = Study("tiny", (task,), ("bc",), ("attention=full",), {"clean": setting})
+    study = Study("tiny", (task,), ("bc",), (FULL,), {"clean": setting})
     with pytest.raises(ValueError, match="study tiny: .* does not compose") as err:
         run(study, tiny_budget, tmp_path / "results")
     assert message in str(err.value) and "\n" not in str(err.value)
@@ -109,16 +135,16 @@ def test_every_study_of_the_catalog_composes_and_names_its_cells_as_before(tmp_p
     budget = replace(BUDGETS["cpu"], seeds=(0,))
     for study in STUDIES.values():
         cells = study.cells(budget, tmp_path)
-        assert all(steps > 0 for steps in check(study, budget, cells).values())
+        assert all(steps > 0 for steps in check(study, budget, cells))
         assert len({c.run_dir for c in cells}) == len(cells)
     # earlier studies named the directory by its label; it is found by the hash of the same overrides
-    cell = Cell("lift", "bc", "attention=fibottention attention.windows=robot", 0, "cpu", results=tmp_path)
+    cell = Cell("lift", "bc", {"attention": "fibottention", "attention.windows": "robot"}, 0, "cpu", results=tmp_path)
     old = tmp_path / "cells" / f"lift_bc_fibottentionwindows-robot_s0_{cell.run_dir.name.rsplit('_', 1)[1]}"
     old.mkdir(parents=True)
     # the names of cells trained before recipe=cpu jittered images (the papers' setting is not hashed)
-    assert Cell("lift", "bc", "attention=full", 0, "cpu", results=tmp_path).run_dir.name == "lift_bc_full_s0_f05f5012ea"
-    assert Cell("can", "bc", "attention=full", 0, "cpu", results=tmp_path).run_dir.name == "can_bc_full_s0_351c598c92"
-    assert cell.run_dir == old and cell.overrides[:7] == ["task=lift", "policy=bc", "attention=fibottention", "recipe=cpu",
+    assert Cell("lift", "bc", FULL, 0, "cpu", results=tmp_path).run_dir.name == "lift_bc_full_s0_f05f5012ea"
+    assert Cell("can", "bc", FULL, 0, "cpu", results=tmp_path).run_dir.name == "can_bc_full_s0_351c598c92"
+    assert cell.run_dir == old and cell.args[:7] == ["task=lift", "policy=bc", "attention=fibottention", "recipe=cpu",
                                                           "seed=0", "eval.num_episodes=0", "attention.windows=robot"]
 
 
@@ -151,20 +177,20 @@ def test_a_study_cell_trains_exactly_what_the_recipe_command_trains(task, policy
     """`python train_policy.py task=T policy=P attention=A recipe=cpu` in the papers' setting (no photometric
     augmentation) == the study's cell, and records no extra overrides; the recipe's own augmentation is one."""
     from core.config import compose, to_dict
-    from studies.claims import AUGMENT
+    from studies.evidence import AUGMENT
     from studies.records import PAPERS_SETTING, extra_overrides
 
-    cell = Cell(task, policy, f"attention={attention}", 0, "cpu", results=tmp_path)
+    cell = Cell(task, policy, {"attention": attention}, 0, "cpu", results=tmp_path)
     command = [f"task={task}", f"policy={policy}", f"attention={attention}", "recipe=cpu", "eval.num_episodes=0"]
-    user = to_dict(compose("config", [*command, *PAPERS_SETTING]))
-    assert to_dict(compose("config", cell.overrides)) == user and extra_overrides(user, "cpu") == ""
+    user = to_dict(compose("config", [*command, *(f"{k}={v}" for k, v in PAPERS_SETTING.items())]))
+    assert to_dict(compose("config", cell.args)) == user and extra_overrides(user, "cpu") == {}
     assert extra_overrides(to_dict(compose("config", command)), "cpu") == AUGMENT
     # cells trained before recipe=cpu jittered images keep their directories: the papers' setting is not hashed
-    assert Cell(task, policy, f"attention={attention}", 0, "cpu", ("policy.image_aug.brightness=0.3",)).overrides[-2:] == [
+    assert Cell(task, policy, {"attention": attention}, 0, "cpu", {"policy.image_aug.brightness": "0.3"}).args[-2:] == [
         "policy.image_aug.brightness=0.3", "policy.image_aug.contrast=0.0"]
-    changed = to_dict(compose("config", [*cell.overrides, "attention.windows=robot"]))
+    changed = to_dict(compose("config", [*cell.args, "attention.windows=robot"]))
     if attention == "fibottention":
-        assert extra_overrides(changed, "cpu") == "attention.windows=robot"
+        assert extra_overrides(changed, "cpu") == {"attention.windows": "robot"}
 
 
 def test_an_older_runs_config_records_only_what_it_overrode():
@@ -178,7 +204,8 @@ def test_an_older_runs_config_records_only_what_it_overrode():
     old["policy"].update(old["policy"].pop("gmm"))  # the flat layout of older checkpoints
     del old["policy"]["image_aug"]["brightness"], old["policy"]["drop_crop_remainder"]
     old["task"]["dataset"]["format"] = "robomimic_hdf5"
-    assert extra_overrides(old, "cpu") == "policy.image_aug.contrast=0.5 policy.gmm.num_modes=3 ~task.input_shapes.agentview_image"
+    assert list(extra_overrides(old, "cpu").items()) == [("policy.image_aug.contrast", "0.5"), ("policy.gmm.num_modes", "3"),
+                                                         ("~task.input_shapes.agentview_image", None)]
 
 
 @pytest.mark.parametrize("kind", CORRUPTIONS)

@@ -1,0 +1,130 @@
+"""The claims of the two papers as rows of data, and the other tables' rows: what ``python -m studies.claims`` measures.
+
+A ``Claim`` row names the paper's claim, the study whose records hold it, the task, the arm, the condition and
+the baseline arm (full attention unless named), and the measure (success, coverage or head diversity). A new
+claim, task or condition is one more row (``grid`` writes the product of tasks x arms x settings). The table
+keeps the order written here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Arm:
+    label: str = field(compare=False)  # how the tables name it
+    attention: str
+    overrides: dict = field(default_factory=dict)  # training overrides beyond the recipe's papers' setting (records' form)
+    authors: bool = False  # †: a setting of the authors' code; a task's verdict leaves it out
+
+
+@dataclass(frozen=True)
+class Setting:
+    where: str  # how the measurement column names it
+    condition: dict = field(default_factory=dict)  # inference options (records' form)
+    overrides: dict = field(default_factory=dict)  # training overrides both arms share (e.g. fewer demonstrations)
+
+
+FULL = Arm("full", "full")
+
+
+@dataclass(frozen=True)
+class Claim:
+    claim: str
+    study: str
+    task: str
+    policy: str
+    arm: Arm
+    where: str
+    condition: dict = field(default_factory=dict)
+    baseline: Arm = FULL
+    measure: str = "success"
+    sign: int = 1  # the side of 0 the paper claims
+    side_only: bool = False  # a baseline method that claims nothing: its verdict names the side of full attention
+
+
+@dataclass(frozen=True)
+class Fix:  # a training-side fix, measured per encoder and condition (claims.md's tables of its name)
+    label: str
+    overrides: dict
+    encoders: tuple
+    study: str = "robustness"
+    task: str = "lift"
+    policy: str = "bc"
+
+
+def with_overrides(arm: Arm, overrides: dict) -> Arm:
+    return replace(arm, overrides={**arm.overrides, **overrides})
+
+
+def grid(claim: str, places, arms, settings, baseline: Arm | None = None, **kw) -> list[Claim]:
+    """One row per (study, task, policy) x arm x setting, in that order; a setting's training overrides go to both arms."""
+    return [Claim(claim, study, task, policy, with_overrides(arm, s.overrides), s.where, s.condition,
+                  with_overrides(baseline or FULL, s.overrides), **kw)
+            for study, task, policy in places for arm in arms for s in settings]
+
+
+FIB = Arm("Fibottention", "fibottention")
+ROBOT = Arm("Fibottention (robot windows) †", "fibottention", {"attention.windows": "robot"}, authors=True)
+MULT = Arm("Fibottention (multiplicative mask) †", "fibottention", {"attention.mask_mode": "multiplicative"}, authors=True)
+LOOKHERE = Arm("LookHere-90", "lookhere")
+BIGBIRD = Arm("BigBird", "bigbird")
+PER_IMAGE = {"policy.vit.input_norm": "per_image"}
+AUGMENT = {"policy.image_aug.brightness": "0.3", "policy.image_aug.contrast": "0.5"}  # torchvision ColorJitter per image
+PLAIN_LOOKHERE = {"attention.global_slope": "1.0", "attention.rotate_directions": "false", "policy.vit.patch_size": "8",
+                  "policy.vit.pool": "cls", "~task.input_shapes.robot0_eye_in_hand_image": None}
+
+BRIGHTNESS, CONTRAST = {"corruption": [["brightness", 1]]}, {"corruption": [["contrast", 2]]}
+CLEAN = [Setting("clean")]
+CORRUPTED = [Setting("brightness 1", BRIGHTNESS), Setting("contrast 2", CONTRAST)]
+SCARCE = [Setting(f"{n} demonstrations", overrides={"train.max_episodes": str(n)}) for n in (10, 25, 50)]
+LARGER = [Setting(f"rendered at {n} px", {"image_size": n}) for n in (112, 128)]
+# LookHere's global slope scaled by the training size over the rendered one, as the paper does
+SLOPE_SCALED = [Setting(f"rendered at {n} px", {"image_size": n, "attention": {"global_slope": 84 / n}}) for n in (112, 128)]
+DIVERSITY = [Setting("1 − mean pairwise CKA of the heads' outputs")]
+
+LIFT = ("lift", "bc")
+MAIN, EFFICIENCY, ROBUSTNESS = ("main", *LIFT), ("data_efficiency", *LIFT), ("robustness", *LIFT)
+OTHER_TASKS = [("can", "can", "bc"), ("pusht", "pusht", "diffusion")]  # each task's own study, its CPU recipe's policy
+TASKS = ("lift", "can", "pusht")
+SUCCESS, ROBUST, DIVERSE = "Better task success", "More robust to corruptions", "More diverse heads"
+BASELINE = ": sparse baseline (BigBird; no claim)"
+
+CLAIMS = [
+    *grid(f"{SUCCESS} (Fibottention)", [MAIN], [FIB, ROBOT], CLEAN),
+    *grid(f"{SUCCESS} (Fibottention)", OTHER_TASKS, [FIB], CLEAN),
+    *grid(f"{SUCCESS} (LookHere)", [MAIN, *OTHER_TASKS], [LOOKHERE], CLEAN),
+    *grid(SUCCESS + BASELINE, [MAIN], [BIGBIRD], CLEAN, side_only=True),
+    *grid("Better with scarce data (Fibottention)", [EFFICIENCY], [FIB], SCARCE),
+    *grid("Better with scarce data (LookHere)", [EFFICIENCY], [LOOKHERE], SCARCE),
+    *grid(f"{ROBUST} (Fibottention)", [ROBUSTNESS], [FIB, ROBOT, MULT], CORRUPTED),
+    *grid(f"{ROBUST} (Fibottention)", OTHER_TASKS, [FIB], CORRUPTED),
+    *grid(f"{ROBUST} (LookHere)", [ROBUSTNESS, *OTHER_TASKS], [LOOKHERE], CORRUPTED),
+    *grid(ROBUST + BASELINE, [ROBUSTNESS], [BIGBIRD], CORRUPTED, side_only=True),
+    *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere", "lookhere")], LARGER),
+    *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere (s_g scaled)", "lookhere")], SLOPE_SCALED),
+    *grid(f"{DIVERSE} (Fibottention)", [("diversity", *LIFT)], [FIB, ROBOT, MULT], DIVERSITY, measure="head_diversity"),
+    *grid(f"{DIVERSE} (LookHere)", [("diversity", *LIFT)], [LOOKHERE], DIVERSITY, measure="head_diversity"),
+    *grid("The gain needs the sparsity (Fibottention)", [MAIN], [FIB], CLEAN,
+          baseline=replace(MULT, label="the same with the public code's multiplicative mask †", authors=False)),
+]
+
+FEW = "fewer than 3 seeds"  # a task whose rows all rest on fewer seeds than a verdict needs
+COLLAPSE = 0.5  # a seed "collapses" under a corruption below this success rate (full attention keeps about 0.9)
+LOTTERY = [(*ROBUSTNESS, arm, s.condition) for arm in (FULL, FIB, LOOKHERE, BIGBIRD) for s in CORRUPTED]
+FIXES = {"per-image": Fix("per-image input", PER_IMAGE, (FULL, FIB)),
+         "augment": Fix("photometric augmentation", AUGMENT, (FULL, FIB, LOOKHERE))}
+# the README's evidence table: (label, arm, the study of its clean row, of its other conditions, task, policy)
+README_CONDITIONS = ({}, BRIGHTNESS, CONTRAST)
+README_ROWS = [(label, arm, study, "robustness", *LIFT) for label, arm, study in (
+    ("full attention", FULL, "main"), ("Fibottention", FIB, "main"),
+    ("Fibottention, the authors' robot windows (`attention.windows=robot`)", ROBOT, "main"),
+    ("Fibottention, the public code's multiplicative mask (`attention.mask_mode=multiplicative`)", MULT, "main"),
+    ("LookHere-90 (the recipe: + wrist camera, 12-px patches, keypoint read-out, rotated directions)", LOOKHERE, "main"),
+    ("plain LookHere-90 (agentview, CLS read-out, 8-px patches)", with_overrides(LOOKHERE, PLAIN_LOOKHERE), "main"),
+    ("BigBird (band ±3, CLS, 3 random keys per row; the Fibottention paper's sparse baseline)", BIGBIRD, "main"),
+    ("Fibottention, per-image input normalisation (`policy.vit.input_norm=per_image`)", with_overrides(FIB, PER_IMAGE), "robustness"),
+    ("full attention, per-image input normalisation", with_overrides(FULL, PER_IMAGE), "robustness"),
+    ("Fibottention, photometric augmentation (`recipe=cpu`'s jitter)", with_overrides(FIB, AUGMENT), "robustness"),
+    ("full attention, photometric augmentation", with_overrides(FULL, AUGMENT), "robustness"),
+    ("LookHere-90 (the recipe's), photometric augmentation", with_overrides(LOOKHERE, AUGMENT), "robustness"))]
