@@ -18,6 +18,8 @@ _NO_ROOM_TEXT = re.compile(r"errno\s*=?\s*(%s)\b|%s" % ("|".join(map(str, NO_ROO
                                                       "|".join(re.escape(os.strerror(e)) for e in NO_ROOM)), re.I)
 GIB, MIB = 2**30, 2**20
 MEMINFO = Path("/proc/meminfo")
+# the way on when a dataset does not fit (the readers take max_episodes from train.max_episodes)
+MEMORY_FIX = "free memory, use a machine with more, or train on fewer episodes (train.max_episodes=N reads only the first N)"
 CGROUP_MAX, CGROUP_CURRENT = Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")
 
 

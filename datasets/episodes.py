@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.ownership import SHOWN_ENTRIES, contents  # noqa: F401  (what a path holds, for refusals; re-exported)
+
 
 @dataclass
 class EpisodeData:
@@ -200,21 +202,8 @@ def sample_frames(arr, length: int | None = None, n: int = IMAGE_SAMPLE_FRAMES) 
 
 
 # ------------------------------------------------------------------------------------- before writing
-# A path the writer can create, and what a path holds (for refusals). core/preflight.py checks the
-# commands' output folders with these too: the data layer imports no core.
-SHOWN_ENTRIES = 5  # entries of a folder named in a refusal
-
-
-def contents(path: Path) -> str:
-    """What ``path`` holds, for a refusal: "a file (N bytes)", "an empty folder" or "a folder holding a, b, ..."."""
-    p = Path(path)
-    if p.is_symlink() or not p.is_dir():
-        return f"a file ({p.stat().st_size} bytes)" if p.is_file() else "something that is not a folder"
-    names = sorted(c.name + ("/" if c.is_dir() else "") for c in p.iterdir() if c.name != ".lock")
-    if not names:
-        return "an empty folder"
-    more = f" and {len(names) - SHOWN_ENTRIES} more" if len(names) > SHOWN_ENTRIES else ""
-    return f"a folder holding {', '.join(names[:SHOWN_ENTRIES])}{more}"
+# A path the writer can create (what a path holds, for refusals: common.ownership.contents).
+# core/preflight.py checks the commands' output folders with these too: the data layer imports no core.
 
 
 def nearest_existing(path: Path) -> Path:

@@ -16,7 +16,6 @@ source is read; a disk that fills up ends in one line and leaves nothing behind.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -24,10 +23,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from common.ownership import Owner
 from common.paths import inside, plain_name
 from common.resources import is_no_room, no_room
 
-from .episodes import EpisodeData, SHOWN_ENTRIES, atomic_output, check_writable, contents, is_image, recover_output
+from .episodes import EpisodeData, atomic_output, check_writable, is_image, recover_output
 from .lerobot import (
     CODEBASE_VERSION, DATA_PATH, EPISODES_DIR, INFO_PATH, STATS_PATH, TASKS_PATH, VIDEO_PATH, feature_name,
     is_lerobot_root,
@@ -35,9 +35,8 @@ from .lerobot import (
 
 CODECS = {"av1": "libsvtav1", "h264": "libx264"}  # PyAV's wheels carry both encoders
 CRF_RANGE = {"av1": (0, 63), "h264": (0, 51)}  # what each encoder accepts (FFmpeg's option ranges)
-# written into every export, listing the files it wrote: overwrite=true replaces only such a folder
-EXPORT_MARKER = ".export"
-WRITTEN_BY = "export_dataset.py"
+# its .export marker, written into every export, lists the files it wrote: overwrite=true replaces only such a folder
+EXPORTER = Owner("export_dataset.py", ".export", "an export")
 SVT_LOG_ERRORS = "1"
 SVTAV1_PRESET = "12"  # lerobot's default: the fastest preset
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)  # lerobot's stats.json carries q01 ... q99
@@ -219,22 +218,6 @@ def check_not_in_source(src: Path, out: Path) -> None:
                          f"choose an out= outside it")
 
 
-def _entries(root: Path) -> set[str]:
-    """Every file, link and folder under ``root``, relative, '/'-separated."""
-    return {p.relative_to(root).as_posix() for p in root.rglob("*")}
-
-
-def _not_written_here(out: Path) -> list[str]:
-    """What ``out`` holds that this exporter did not write there (everything, without its marker)."""
-    try:
-        marker = json.loads((out / EXPORT_MARKER).read_text())
-        files = {str(f) for f in marker["files"]} if marker.get("written_by") == WRITTEN_BY else set()
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # a damaged marker vouches for nothing
-        files = set()
-    owned = files | {EXPORT_MARKER} | {p.as_posix() for f in files for p in Path(f).parents}
-    return sorted(_entries(out) - owned)
-
-
 def check_out(out: Path, overwrite: bool) -> None:
     """Before the source is read: ``out`` can be written, and holds nothing or (overwrite=true) an
     export of this exporter with nothing added to it. Deletes nothing."""
@@ -243,15 +226,7 @@ def check_out(out: Path, overwrite: bool) -> None:
         return
     if not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=true to replace it, or choose another out=")
-    if out.is_symlink() or not out.is_dir() or not (out / EXPORT_MARKER).is_file():
-        raise FileExistsError(f"out={out} is {contents(out)}, not a dataset written by {WRITTEN_BY} (no {EXPORT_MARKER} "
-                              f"marker); overwrite=true replaces only an export: choose another out= or remove it yourself")
-    foreign = _not_written_here(out)
-    if foreign:
-        shown = ", ".join(foreign[:SHOWN_ENTRIES]) + (f" and {len(foreign) - SHOWN_ENTRIES} more"
-                                                       if len(foreign) > SHOWN_ENTRIES else "")
-        raise FileExistsError(f"out={out} holds {shown}, which {WRITTEN_BY} did not write; overwrite=true replaces "
-                              f"only what it wrote: move those away, choose another out= or remove it yourself")
+    EXPORTER.check_replaceable(out)
 
 
 def _write_files(tmp: Path, data: EpisodeData, names: dict[str, str], fps: int, task_text: str, codec: str,
@@ -287,8 +262,7 @@ def _write_files(tmp: Path, data: EpisodeData, names: dict[str, str], fps: int, 
         "video_path": VIDEO_PATH if videos else None, "features": features,
     }
     (tmp / INFO_PATH).write_text(json.dumps(info, indent=4))  # a root with info.json is complete
-    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-    (tmp / EXPORT_MARKER).write_text(json.dumps({"written_by": WRITTEN_BY, "pid": os.getpid(), "files": files}) + "\n")
+    EXPORTER.sign(tmp)  # last: the marker lists every file written
 
 
 def write_lerobot(out, data: EpisodeData, names: dict[str, str], *, fps: int, task_text: str, codec: str = "av1",

@@ -22,17 +22,17 @@ def generate_command(task_name: str, path) -> str:
 
 def read_dataset(path, fmt: str | None = None, obs_keys: list[str] | None = None,
                  features: dict[str, str] | None = None, max_episodes: int | None = None) -> EpisodeData:
-    """``features`` (policy key -> feature name) and ``max_episodes`` (decode only the first N) are used
-    by the lerobot format only; the other readers read every episode."""
+    """``features`` (policy key -> feature name) is used by the lerobot format only; ``max_episodes``:
+    read only the first N episodes (every reader)."""
     fmt = fmt or guess_format(path)
     if fmt == "pusht_zarr":
         from .zarr_replay import read_pusht_zarr
 
-        return read_pusht_zarr(path)
+        return read_pusht_zarr(path, max_episodes=max_episodes)
     if fmt == "robomimic_hdf5":
         from .robomimic_hdf5 import read_robomimic_hdf5
 
-        return read_robomimic_hdf5(path, obs_keys=obs_keys)
+        return read_robomimic_hdf5(path, obs_keys=obs_keys, max_episodes=max_episodes)
     if fmt == "lerobot":
         from .lerobot import read_lerobot
 
@@ -69,7 +69,7 @@ def make_dataset(task, keys: list[str] | None = None, max_episodes: int | None =
 
         check_recorded_task(path, task.name)  # before reading: a Can file must not train task=lift
         try:
-            data = read_dataset(path, fmt, obs_keys=keys)
+            data = read_dataset(path, fmt, obs_keys=keys, max_episodes=max_episodes)
         except MissingObsKeyError as exc:  # a camera the task reads is in no demo: say how to drop it
             raise ValueError(f"{exc}; if the file was recorded without it, drop it from the task with "
                              f"{' '.join(f'task.input_shapes.{k}=null' for k in exc.keys)}") from None

@@ -9,8 +9,11 @@ the command line, this module the library it calls.
 Seeds ``seed, seed+1, ...`` are tried in order and the first ``num_episodes`` successful ones
 are kept, so the result is the same for any number of workers. Failed attempts are dropped.
 Output goes to a temporary path and is renamed at the end; an existing file is kept unless
-``overwrite=true``, which replaces only a dataset of the task's format (never a run or a folder of
-anything else). Every check runs before the first episode. Seeds stay below 100000, which
+``overwrite=true``, which replaces only a dataset of the task's format that this command generated
+(common.ownership: a zarr folder's ``.generate`` marker lists every file it wrote; an hdf5 file
+carries ``generated_by`` in its ``data`` group's attributes), never a dataset downloaded or brought,
+a run or a folder of anything else. Every check runs before the first episode, and again just
+before the old dataset is replaced. Seeds stay below 100000, which
 evaluation uses.
 """
 from __future__ import annotations
@@ -27,12 +30,16 @@ from omegaconf import MISSING
 
 from envs.factory import EVAL_SEED_START, ctrl_c_deferred, worker_context
 
+from common.ownership import Owner, contents
 from common.resources import is_no_room, no_room
 
-from .episodes import check_writable, contents, recover_output
+from .episodes import check_writable, recover_output
 
 TASKS = {"pusht": "envs.experts.pusht", "lift": "envs.experts.lift", "can": "envs.experts.can"}
 GENERATOR = "datasets.generate"  # recorded in a PushT dataset's attributes: the module that wrote it
+# what overwrite=true may replace: a dataset carrying this mark (datasets generated before it carry none)
+GENERATE = Owner("generate_demos.py", ".generate", "a dataset it generated",
+                 unmarked=": datasets it generated before the mark existed carry none")
 EXTRA_ATTEMPTS = 20  # attempts beyond twice the episodes asked for, before max_attempts= is needed
 
 
@@ -69,7 +76,8 @@ def _is_dataset(out: Path, task: str) -> bool:
 
 
 def check_out(out: Path, task: str, overwrite: bool) -> None:
-    """Before any episode: ``out`` can be written, and holds nothing or (overwrite=true) a dataset."""
+    """Before any episode: ``out`` can be written, and holds nothing or (overwrite=true) a dataset of the
+    task's format that this command generated, with nothing added to it. Deletes nothing."""
     check_writable(out, "out")
     if not (out.exists() or out.is_symlink()):
         return
@@ -79,6 +87,9 @@ def check_out(out: Path, task: str, overwrite: bool) -> None:
         kind = "PushT zarr replay buffer" if task == "pusht" else "robomimic hdf5 file"
         raise FileExistsError(f"out={out} is {contents(out)}, not a {kind}; overwrite=true replaces only a dataset: "
                               f"choose another out= or remove it yourself")
+    from .robomimic_hdf5 import GENERATED_BY, generated_by
+
+    GENERATE.check_replaceable(out, file_signed_by=generated_by, file_mark=f"{GENERATED_BY} attribute in its data group")
 
 
 def _collect(job):
@@ -181,16 +192,17 @@ def _report(task: str, kept: list, infos: list, num_failed: int, seconds: float,
 
 def _write(task: str, out: Path, kept: list, infos: list, report: dict, overwrite: bool, image_size: int | None) -> None:
     """The task's format: a PushT zarr replay buffer, or a robomimic hdf5 file with the environment's
-    metadata (robomimic rebuilds the environment from it)."""
+    metadata (robomimic rebuilds the environment from it), marked as generated here."""
+    check_out(out, task, overwrite)  # again: out may have changed while the episodes ran
     if task == "pusht":
         from .zarr_replay import write_pusht_zarr
 
         attrs = {"task": task, "generator": GENERATOR, "seeds": [i.get("seed") for i in infos], "report": report}
-        write_pusht_zarr(out, kept, overwrite=overwrite, attrs=attrs)
+        write_pusht_zarr(out, kept, overwrite=overwrite, attrs=attrs, owner=GENERATE)
         return
     from envs.robosuite_tasks import RobosuiteEnv
 
-    from .robomimic_hdf5 import write_robomimic_hdf5
+    from .robomimic_hdf5 import GENERATED_BY, write_robomimic_hdf5
 
     env_kwargs = {} if image_size is None else {"image_size": image_size}
     env = RobosuiteEnv(task, **env_kwargs)
@@ -198,7 +210,7 @@ def _write(task: str, out: Path, kept: list, infos: list, report: dict, overwrit
         env_meta = env.env_meta()
     finally:
         env.close()
-    write_robomimic_hdf5(out, kept, env_meta, overwrite=overwrite)
+    write_robomimic_hdf5(out, kept, env_meta, overwrite=overwrite, attrs={GENERATED_BY: GENERATE.command})
 
 
 def run(cfg: GenerateConfig) -> dict:

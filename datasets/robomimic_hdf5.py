@@ -2,7 +2,8 @@
 
 Layout (robomimic's own, so ``robomimic.utils.dataset.SequenceDataset`` reads what we write)::
 
-    data/                      attrs: total (sum of num_samples), env_args (JSON of env_meta)
+    data/                      attrs: total (sum of num_samples), env_args (JSON of env_meta),
+                               generated_by (generate_demos.py, in a file it wrote: what its overwrite may replace)
         demo_N/                attrs: num_samples, model_file (MuJoCo XML)
             actions  (T, 7)    states (T, S)    rewards (T,)    dones (T,)
             obs/<key>  (T, ...)                 next_obs/<key>  (T, ...)
@@ -24,6 +25,7 @@ import h5py
 import numpy as np
 
 from common.paths import UntrustedPathError
+from common.resources import MEMORY_FIX, check_memory
 from datasets.episodes import (
     IMAGE_CASES,
     EpisodeData,
@@ -39,6 +41,7 @@ from datasets.episodes import (
 )
 
 FORMAT = "robomimic_hdf5"
+GENERATED_BY = "generated_by"  # data.attrs: the command that wrote the file (what overwrite=true may replace)
 GENERATE_HINT = "python generate_demos.py task=lift out={path}"  # num_episodes= defaults to GenerateConfig's
 REQUIRED_DEMO_KEYS = ("actions", "obs")
 IMAGE_COMPRESSION = dict(compression="gzip", compression_opts=4)
@@ -133,6 +136,7 @@ def write_robomimic_hdf5(
     env_meta: dict,
     overwrite: bool = False,
     valid_fraction: float = 0.1,
+    attrs: dict[str, str] | None = None,
 ) -> Path:
     """Write episodes (as returned by ``envs.experts.*.collect_episode``) in robomimic's layout.
 
@@ -140,8 +144,9 @@ def write_robomimic_hdf5(
     ``dones``, ``next_obs`` and ``model_file`` are written when given (rewards default to 0, dones to
     1 at the last step, next_obs to obs shifted by one). Images (uint8, (T, H, W, C)) are gzip
     compressed. ``mask/train`` / ``mask/valid`` hold a seeded random split with ``valid_fraction``
-    of the demos in ``valid`` (at least one when there are two or more demos). The file appears
-    atomically; an existing file is refused unless ``overwrite``.
+    of the demos in ``valid`` (at least one when there are two or more demos). ``attrs`` go into the
+    ``data`` group's attributes (generate: ``generated_by``). The file appears atomically; an existing
+    file is refused unless ``overwrite``.
     """
     if not episodes:
         raise ValueError("no episodes to write")
@@ -177,6 +182,7 @@ def write_robomimic_hdf5(
                 total += int(chk["T"])
             data.attrs["total"] = total
             data.attrs["env_args"] = env_args
+            data.attrs.update(attrs or {})
             mask = f.create_group("mask")
             mask.create_dataset("train", data=np.array([f"demo_{i}" for i in train], dtype="S"))
             mask.create_dataset("valid", data=np.array([f"demo_{i}" for i in valid], dtype="S"))
@@ -227,13 +233,32 @@ def _check_self_contained(f: h5py.File, p: Path) -> None:
                                  f"a dataset may only hold its own data: copy that data into the file")
 
 
+def _data_group(f: h5py.File) -> h5py.Group | None:
+    """The file's own ``data`` group, never one an external link would open in another file."""
+    if not isinstance(f.get("data", getlink=True), h5py.HardLink) or not isinstance(f["data"], h5py.Group):
+        return None
+    return f["data"]
+
+
 def is_robomimic_hdf5(path) -> bool:
-    """Whether ``path`` is a robomimic file (what ``generate_demos.py overwrite=true`` may replace)."""
+    """Whether ``path`` is a robomimic file (what ``generate_demos.py overwrite=true`` may replace, if it wrote it)."""
     p = Path(path)
     if not p.is_file() or not h5py.is_hdf5(p):
         return False
     with h5py.File(p, "r") as f:
-        return "data" in f and isinstance(f["data"], h5py.Group)
+        return _data_group(f) is not None
+
+
+def generated_by(path) -> str | None:
+    """The command recorded in ``data.attrs["generated_by"]`` (None: a file from elsewhere, or generated
+    before the attribute existed)."""
+    try:
+        with h5py.File(Path(path), "r") as f:
+            data = _data_group(f)
+            value = data.attrs.get(GENERATED_BY) if data is not None else None
+    except OSError:  # not an HDF5 file
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value if isinstance(value, str) else None)
 
 
 def _demo_index(name: str) -> int:
@@ -338,13 +363,15 @@ def _image_case(data: h5py.Group, used: list[tuple[str, int]], src: str, path, w
 
 
 def read_robomimic_hdf5(
-    path: str | os.PathLike, obs_keys: list[str] | None = None, filter_key: str | None = None
+    path: str | os.PathLike, obs_keys: list[str] | None = None, filter_key: str | None = None,
+    max_episodes: int | None = None,
 ) -> EpisodeData:
     """Flatten a robomimic HDF5 file (ours or a public ``image.hdf5`` / ``image_v15.hdf5``).
 
     Args:
         obs_keys: observation keys to load (default: all keys of the first demo's ``obs``).
         filter_key: a ``mask/<filter_key>`` subset such as "train" or "valid" (default: all demos).
+        max_episodes: read only the first N (non-empty) demos.
 
     Returns EpisodeData with ``data = {obs_key: (N, ...), "action": (N, A)}`` over demos sorted by
     their number, and meta ``{"env_args", "format", "path", "filter_key", "demos", "env_name"}``.
@@ -360,6 +387,7 @@ def read_robomimic_hdf5(
         skipped = [d for d, n in zip(demos, lengths) if n <= 0]
         if not used:
             raise RobomimicFormatError(f"{path}: all selected demos are empty")
+        used = used[:max_episodes]  # the first N only: the rest is neither allocated nor read
         sources = {"action": "actions", **{k: f"obs/{k}" for k in keys}}
         out, image_cases = _allocate(data, used, sources, path)
         start = 0
@@ -395,17 +423,24 @@ def _obs_keys(first: h5py.Group, obs_keys: list[str] | None, path) -> list[str]:
 
 def _allocate(data: h5py.Group, used: list[tuple[str, int]], sources: dict[str, str], path):
     """The flat output arrays (all demos' frames, shaped and typed as the first demo's key), and the
-    image encoding of each image key, so every demo's frames are converted the same way."""
+    image encoding of each image key, so every demo's frames are converted the same way. Refused
+    before anything is read or allocated when they do not fit in the memory available."""
     total = sum(n for _, n in used)
     first = data[used[0][0]]
+    frames = {name: first[src].shape[1:] for name, src in sources.items()}
+    dtypes = {name: np.dtype(np.uint8) if is_image(first[src].shape) else _as_float32(first[src].dtype)
+              for name, src in sources.items()}
+    elements = {k: int(np.prod(frames[k], dtype=np.float64)) for k in sources}  # per frame
+    kept = sum(total * elements[k] * dtypes[k].itemsize for k in sources)
+    # one demo's block of one key is read at a time, in the file's dtype, before it is copied in
+    block = max(n for _, n in used) * max(elements[k] * first[src].dtype.itemsize for k, src in sources.items())
+    shapes = ", ".join(f"{k} {'x'.join(map(str, frames[k])) or 'scalar'}" for k in sources)
+    check_memory(kept + block, f"reading {path} ({total} frames: {shapes})", MEMORY_FIX)
     out, image_cases = {}, {}
     for name, src in sources.items():
-        ds = first[src]
-        dtype = _as_float32(ds.dtype)
-        if is_image(ds.shape):  # decided on a sample; every demo is checked as it is read
+        if is_image(first[src].shape):  # decided on a sample; every demo is checked as it is read
             image_cases[name] = _image_case(data, used, src, path)
-            dtype = np.dtype(np.uint8)
-        out[name] = np.empty((total,) + ds.shape[1:], dtype=dtype)
+        out[name] = np.empty((total,) + frames[name], dtype=dtypes[name])
     return out, image_cases
 
 

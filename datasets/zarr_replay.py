@@ -4,7 +4,8 @@ Layout: group ``data`` with ``img`` (T, 96, 96, 3) uint8 (the public file stores
 holding 0-255), ``state`` (T, 5) float32 = [agent_x, agent_y, block_x, block_y, block_angle],
 ``action`` (T, 2) float32, ``keypoint`` (T, 9, 2) float32, ``n_contacts`` (T, 1) float32; group
 ``meta`` with ``episode_ends`` (E,) int64, the exclusive end index of each episode.
-Written in zarr format 2, as the public file is, so both ecosystems read it.
+Written in zarr format 2, as the public file is, so both ecosystems read it. A store generate_demos.py
+wrote also holds its ``.generate`` marker (common.ownership), which zarr ignores.
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from common.ownership import Owner
 from common.paths import links_inside
+from common.resources import MEMORY_FIX, check_memory
 
 from .episodes import (
     IMAGE_CASES,
@@ -39,8 +42,10 @@ TIME_CHUNK = 161  # frames per chunk along time (write_pusht_zarr chunks like th
 READ_BLOCK_ROWS = 512  # frames per block (rounded to whole chunks) when a key is read or checked piecewise
 
 
-def write_pusht_zarr(path, episodes: list[dict[str, np.ndarray]], overwrite: bool = False, attrs: dict | None = None) -> Path:
-    """Write episodes (dicts with the keys above) atomically; returns the final path."""
+def write_pusht_zarr(path, episodes: list[dict[str, np.ndarray]], overwrite: bool = False, attrs: dict | None = None,
+                     owner: Owner | None = None) -> Path:
+    """Write episodes (dicts with the keys above) atomically; returns the final path. ``owner``: the
+    command whose marker (listing every file) goes in last (generate: what its overwrite=true may replace)."""
     if not episodes:
         raise ValueError("no episodes to write")
     missing = [k for k in PUSHT_KEYS if k not in episodes[0]]
@@ -70,6 +75,8 @@ def write_pusht_zarr(path, episodes: list[dict[str, np.ndarray]], overwrite: boo
         meta = root.create_group("meta")
         meta.create_array("episode_ends", shape=ends.shape, dtype=np.int64)[...] = ends
         root.attrs.update(attrs or {})
+        if owner is not None:
+            owner.sign(tmp)
     return Path(path)
 
 
@@ -179,24 +186,29 @@ def _sample(arr: zarr.Array, path, key: str, ends=None) -> np.ndarray:
         raise
 
 
+def _block_rows(arr: zarr.Array) -> int:
+    """Frames per block when a key is read piecewise: whole chunks, so each is decompressed once."""
+    chunk = int(arr.chunks[0])
+    return chunk * max(1, READ_BLOCK_ROWS // chunk)
+
+
 def verify_chunks(arr: zarr.Array, path, key: str, ends=None) -> None:
     """Decompress every chunk of ``arr`` (``datasets.describe``: what training would read)."""
-    rows = int(arr.chunks[0]) * max(1, READ_BLOCK_ROWS // int(arr.chunks[0])) if arr.ndim else None
+    rows = _block_rows(arr) if arr.ndim else None
     for s in range(0, arr.shape[0], rows) if arr.ndim else (0,):
         _read_rows(arr, path, key, ends, s, None if rows is None else s + rows)
 
 
-def _read_image(arr: zarr.Array, path, key: str, ends: np.ndarray) -> np.ndarray:
-    """uint8 as stored; float 0-255 rounded, float 0-1 scaled x255 (with a warning); else refused.
-    Converted block by block, so a float file never needs a second full-size float copy."""
+def _read_image(arr: zarr.Array, path, key: str, ends: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` frames: uint8 as stored; float 0-255 rounded, float 0-1 scaled x255 (with a
+    warning); else refused. Converted block by block, so a float file never needs a full-size float copy."""
     if arr.dtype == np.uint8:
-        return _read_rows(arr, path, key, ends)
+        return _read_rows(arr, path, key, ends, 0, n)
     case = image_case(_sample(arr, path, key, ends), path, key)
     if case == "float01":
         warn_float01(path, key)
-    out, n = np.empty(arr.shape, np.uint8), arr.shape[0]
-    chunk = int(arr.chunks[0])
-    step = chunk * max(1, READ_BLOCK_ROWS // chunk)  # whole chunks: each is decompressed once
+    out = np.empty((n,) + arr.shape[1:], np.uint8)
+    step = _block_rows(arr)
     for s in range(0, n, step):
         e = min(s + step, n)
         first, last = np.searchsorted(ends, [s, e - 1], side="right")
@@ -205,24 +217,50 @@ def _read_image(arr: zarr.Array, path, key: str, ends: np.ndarray) -> np.ndarray
     return out
 
 
-def read_pusht_zarr(path, *, load_keys: tuple[str, ...] = ("img", "state", "action")) -> EpisodeData:
+def _is_image_key(group: zarr.Group, key: str) -> bool:
+    return key == "img" or is_image(group[key].shape)
+
+
+def _check_read_memory(group: zarr.Group, keys, n: int, path) -> None:
+    """Before reading: the arrays kept (images as uint8, the rest as read and as float32) plus one
+    block of a float image must fit in the memory available; a dataset too large is refused, not
+    killed by the kernel."""
+    needed, shapes = 0, []
+    for k in keys:
+        arr = group[k]
+        frame = int(np.prod(arr.shape[1:], dtype=np.float64))
+        if _is_image_key(group, k):
+            needed += n * frame + (0 if arr.dtype == np.uint8 else _block_rows(arr) * frame * arr.dtype.itemsize)
+        else:
+            needed += n * frame * (arr.dtype.itemsize + np.dtype(np.float32).itemsize)
+        shapes.append(f"{k} {'x'.join(map(str, arr.shape[1:]))}")
+    check_memory(needed, f"reading {path} ({n} frames: {', '.join(shapes)})", MEMORY_FIX)
+
+
+def read_pusht_zarr(path, *, load_keys: tuple[str, ...] = ("img", "state", "action"),
+                    max_episodes: int | None = None) -> EpisodeData:
     """Read a replay buffer into memory with the policy's names: ``image`` (uint8 HWC),
     ``agent_pos`` (state[:, :2]), ``state``, ``action``, plus any extra requested key.
+    ``max_episodes``: read only the first N (every episode bound is still checked).
 
     Refuses (one-line ValueError) invalid ``episode_ends``, NaN/inf in low-dim keys and actions,
-    and images that are neither uint8 nor float 0-255 / 0-1 (float 0-1 is scaled x255, with a warning).
+    images that are neither uint8 nor float 0-255 / 0-1 (float 0-1 is scaled x255, with a warning),
+    and more frames than the memory available (before reading them).
     """
     root = _open(path)
     _check_layout(root, path)
     group = root["data"]
     ends = check_episode_ends(_read_rows(root["meta"]["episode_ends"], path, "meta/episode_ends"),
                               {f"data/{k}": group[k].shape[0] for k in load_keys}, path)
+    ends = ends[:max_episodes]  # the first N episodes are the first ends[N-1] frames
+    n = int(ends[-1]) if len(ends) else 0
+    _check_read_memory(group, load_keys, n, path)
     raw = {}
     for k in load_keys:
-        if k == "img" or is_image(group[k].shape):
-            raw[k] = _read_image(group[k], path, f"data/{k}", ends)
+        if _is_image_key(group, k):
+            raw[k] = _read_image(group[k], path, f"data/{k}", ends, n)
         else:
-            raw[k] = _read_rows(group[k], path, f"data/{k}", ends)
+            raw[k] = _read_rows(group[k], path, f"data/{k}", ends, 0, n)
             check_finite(raw[k], path, f"data/{k}", episode_ends=ends)
     img = raw.pop("img")
     data = {"image": img, "agent_pos": raw["state"][:, :2].astype(np.float32), "action": raw["action"].astype(np.float32)}
@@ -248,7 +286,7 @@ def describe_pusht_zarr(path) -> dict:
     for k in group.array_keys():
         name, arr = f"data/{k}", group[k]
         try:
-            if k == "img" or is_image(arr.shape):
+            if _is_image_key(group, k):
                 keys[name]["image"] = "refused"
                 keys[name]["image"] = IMAGE_CASES[image_case(_sample(arr, path, name, ends), path, name)]
                 verify_chunks(arr, path, name, ends)  # a damaged chunk anywhere is what training would meet

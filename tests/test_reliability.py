@@ -139,9 +139,14 @@ def test_generate_overwrite_replaces_only_a_dataset(tmp_path, tiny_pusht_zarr):
         generate("pusht", 1, lift_out, overwrite=True, progress=False)
     with pytest.raises(FileExistsError, match="not a robomimic hdf5 file"):
         generate("lift", 1, tmp_path / "run", overwrite=True, progress=False)
-    data = _copy(tiny_pusht_zarr, tmp_path / "data.zarr")  # a dataset is replaced
-    report = generate("pusht", 1, data, overwrite=True, progress=False, max_attempts=5)
-    assert report["episodes"] == 1 and read_pusht_zarr(data).num_episodes == 1
+    data = _copy(tiny_pusht_zarr, tmp_path / "data.zarr")  # a dataset generate did not write is kept
+    with pytest.raises(FileExistsError, match=r"not a dataset written by generate_demos.py \(no .generate marker"):
+        generate("pusht", 1, data, overwrite=True, progress=False, max_attempts=5)
+    assert read_pusht_zarr(data).num_episodes == 3
+    generated = tmp_path / "generated.zarr"  # a dataset generate wrote is replaced
+    generate("pusht", 1, generated, progress=False, max_attempts=5)
+    report = generate("pusht", 1, generated, seed=7, overwrite=True, progress=False, max_attempts=5)
+    assert report["episodes"] == 1 and read_pusht_zarr(generated).meta["seeds"] == [7]  # the new episode
 
 
 def test_generate_refuses_an_out_it_cannot_write_before_any_episode(tmp_path, monkeypatch):

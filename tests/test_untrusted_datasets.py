@@ -1,7 +1,8 @@
 """A dataset from elsewhere is untrusted input (issue 42): every path derived from it stays inside it,
 its metadata is checked against its data, decoding is sized before it allocates; the exporter writes
 only inside its out, overwrites only what it wrote, refuses an out inside a dataset before reading the
-source; a full disk during generation or export is one line that leaves nothing behind."""
+source; a full disk during generation or export is one line that leaves nothing behind; generation
+overwrites only a dataset it generated, and the zarr and hdf5 readers check memory before reading."""
 from __future__ import annotations
 
 import errno
@@ -19,8 +20,10 @@ from common.paths import UntrustedPathError, fill_template, plain_name
 from core.config import load_task
 from datasets.export import ExportConfig, export, write_lerobot
 from datasets.factory import make_dataset, read_dataset
+from datasets.generate import GENERATE, check_out, generate
 from datasets.lerobot import describe_lerobot, read_lerobot
-from datasets.zarr_replay import write_pusht_zarr
+from datasets.robomimic_hdf5 import GENERATED_BY, generated_by, read_robomimic_hdf5, write_robomimic_hdf5
+from datasets.zarr_replay import read_pusht_zarr, write_pusht_zarr
 from tests.helpers import REPO, run_command
 from tests.test_lerobot import PUSHT, _pusht_episodes
 
@@ -347,3 +350,134 @@ def test_a_full_disk_while_writing_hdf5_raises_one_clean_error(tmp_path):
     result = _with_file_limit(50, ["-c", script])
     assert result.returncode == 0 and result.stdout.strip() == f"errno {errno.EFBIG}" and result.stderr == "", result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------- generation overwrites only a dataset it generated
+def _no_episodes(monkeypatch):
+    """Every refusal comes before the first episode: running one fails the test."""
+    import datasets.generate
+
+    monkeypatch.setattr(datasets.generate, "_collect", lambda job: pytest.fail("an episode ran"))
+
+
+def _lift_hdf5(path, lengths=(6, 5, 4), attrs=None):
+    """A small robomimic file (84x84 camera, 7-D actions), marked with ``attrs`` in its data group."""
+    rng = np.random.default_rng(0)
+    episodes = [{"actions": rng.uniform(-1, 1, (n, 7)).astype(np.float32),
+                 "obs": {"agentview_image": rng.integers(0, 255, (n, 84, 84, 3), dtype=np.uint8),
+                         "robot0_eef_pos": rng.uniform(-1, 1, (n, 3)).astype(np.float32)}} for n in lengths]
+    return write_robomimic_hdf5(path, episodes, {"env_name": "Lift", "type": 1, "env_kwargs": {}}, attrs=attrs)
+
+
+def test_generate_overwrite_refuses_a_zarr_it_did_not_generate(pusht_zarr, tmp_path, monkeypatch):
+    """A PushT replay buffer downloaded, brought, or generated before the mark existed is no dataset
+    generate wrote: overwrite=true refuses it, before any episode, and leaves it as it was."""
+    _no_episodes(monkeypatch)
+    brought = tmp_path / "brought.zarr"
+    shutil.copytree(pusht_zarr, brought)
+    before = _tree_digest(brought)
+    with pytest.raises(FileExistsError, match=r"out=.*brought.zarr is a folder holding .zattrs, .zgroup, data/, meta/, "
+                                              r"not a dataset written by generate_demos.py \(no .generate marker: "
+                                              r"datasets it generated before the mark existed carry none\); overwrite=true "
+                                              r"replaces only a dataset it generated: choose another out= or remove it yourself"):
+        generate("pusht", 1, brought, overwrite=True, progress=False)
+    assert _tree_digest(brought) == before
+
+
+def test_generate_overwrite_refuses_files_added_to_a_generated_zarr(tmp_path, monkeypatch):
+    _no_episodes(monkeypatch)
+    out = write_pusht_zarr(tmp_path / "gen.zarr", _pusht_episodes(), owner=GENERATE)  # as generate writes it
+    check_out(out, "pusht", overwrite=True)  # its own dataset, untouched: replaceable
+    (out / "data" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"holds data/notes.txt, which generate_demos.py did not write; "
+                                              r"overwrite=true replaces only what it wrote"):
+        generate("pusht", 1, out, overwrite=True, progress=False)
+    assert (out / "data" / "notes.txt").read_text() == "mine" and read_pusht_zarr(out).num_episodes == 3
+
+
+def test_generate_overwrite_refuses_an_hdf5_it_did_not_generate(tmp_path, monkeypatch):
+    _no_episodes(monkeypatch)
+    brought = _lift_hdf5(tmp_path / "image.hdf5")
+    before = brought.read_bytes()
+    with pytest.raises(FileExistsError, match=r"out=.*image.hdf5 is a file \(\d+ bytes\), not a dataset written by "
+                                              r"generate_demos.py \(no generated_by attribute in its data group: datasets "
+                                              r"it generated before the mark existed carry none\)"):
+        generate("lift", 1, brought, overwrite=True, progress=False)
+    assert brought.read_bytes() == before
+    generated = _lift_hdf5(tmp_path / "gen.hdf5", attrs={GENERATED_BY: GENERATE.command})
+    assert generated_by(generated) == "generate_demos.py"
+    check_out(generated, "lift", overwrite=True)  # what generate wrote is replaceable
+
+
+def test_generate_overwrite_of_a_foreign_dataset_is_one_line(pusht_zarr, tmp_path):
+    brought = tmp_path / "brought.zarr"
+    shutil.copytree(pusht_zarr, brought)
+    result = run_command(["generate_demos.py", "task=pusht", "num_episodes=1", f"out={brought}", "overwrite=true"])
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"generate_demos.py: error: out={brought} is a folder holding")
+    assert "not a dataset written by generate_demos.py (no .generate marker" in result.stderr
+    assert read_pusht_zarr(brought).num_episodes == 3
+
+
+def test_the_exporter_and_the_generator_share_one_ownership_rule(pusht_zarr, tmp_path):
+    """An export is not a generated dataset, nor the reverse: each command replaces only what it wrote."""
+    from datasets.export import EXPORTER
+
+    generated = write_pusht_zarr(tmp_path / "gen.zarr", _pusht_episodes(), owner=GENERATE)
+    with pytest.raises(FileExistsError, match="not a dataset written by export_dataset.py"):
+        EXPORTER.check_replaceable(generated)
+    exported = tmp_path / "le"
+    export(ExportConfig(src=str(pusht_zarr), out=str(exported), codec="h264"), load_task)
+    with pytest.raises(FileExistsError, match="not a dataset written by generate_demos.py"):
+        GENERATE.check_replaceable(exported)
+
+
+# -------------------------------------------- memory before reading a zarr or an hdf5 dataset
+ZARR_FRAME_BYTES = FRAME_BYTES + (5 + 2) * (4 + 4)  # img uint8; state and action as read (float32) and as float32
+
+
+def _memory(monkeypatch, available: int) -> None:
+    import common.resources
+
+    monkeypatch.setattr(common.resources, "available_memory", lambda: available)
+
+
+def test_reading_a_zarr_larger_than_the_memory_is_refused_before_reading(pusht_zarr, monkeypatch):
+    import datasets.zarr_replay
+
+    actions = read_pusht_zarr(pusht_zarr).data["action"]
+    _memory(monkeypatch, 20 * ZARR_FRAME_BYTES)  # 28 frames do not fit, the first episode's 12 do
+    with monkeypatch.context() as m:
+        m.setattr(datasets.zarr_replay, "_read_image", lambda *a: pytest.fail("the images were read"))
+        with pytest.raises(ValueError, match=r"reading .*pusht.zarr \(28 frames: img 96x96x3, state 5, action 2\) needs "
+                                             r"0.7 MiB of memory but 0.5 MiB is available; .*train.max_episodes=N reads "
+                                             r"only the first N"):
+            read_pusht_zarr(pusht_zarr)
+    data = read_pusht_zarr(pusht_zarr, max_episodes=1)
+    assert data.num_episodes == 1 and data.data["image"].shape == (12, 96, 96, 3)
+    assert np.array_equal(data.data["action"], actions[:12])
+
+
+def test_train_max_episodes_reaches_the_zarr_reader(pusht_zarr, monkeypatch):
+    task = load_task("pusht")
+    task.dataset.path = str(pusht_zarr)
+    _memory(monkeypatch, 20 * ZARR_FRAME_BYTES)
+    with pytest.raises(ValueError, match="needs 0.7 MiB of memory"):
+        make_dataset(task)
+    assert make_dataset(task, max_episodes=1).num_frames == 12
+
+
+def test_reading_an_hdf5_larger_than_the_memory_is_refused_before_reading(tmp_path, monkeypatch):
+    import datasets.robomimic_hdf5
+
+    path = _lift_hdf5(tmp_path / "lift.hdf5")  # demos of 6, 5 and 4 frames
+    frame = 84 * 84 * 3 + (3 + 7) * 4  # camera uint8, eef pos and actions float32
+    _memory(monkeypatch, 12 * frame)  # 15 frames (and one demo read at a time) do not fit, the first demo does
+    with monkeypatch.context() as m:
+        m.setattr(datasets.robomimic_hdf5, "_read", lambda *a, **k: pytest.fail("a demo was read"))
+        with pytest.raises(ValueError, match=r"reading .*lift.hdf5 \(15 frames: action 7, agentview_image 84x84x3, "
+                                             r"robot0_eef_pos 3\) needs 0.4 MiB of memory but 0.2 MiB is available; "
+                                             r".*train.max_episodes=N"):
+            read_robomimic_hdf5(path)
+    data = read_dataset(path, max_episodes=1)
+    assert data.num_episodes == 1 and data.data["agentview_image"].shape == (6, 84, 84, 3)
