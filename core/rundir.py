@@ -9,6 +9,10 @@
 ``overwrite=true`` deletes only a folder recognised as a run (the marker, or the checkpoints/ +
 config.json of a run written before the marker existed), only the entries a run writes, and only
 when ``start`` is called, after the new run's config, data and paths have been checked.
+
+Every refusal names the one command line that works next: ``resume=true`` where a complete
+checkpoint exists, ``overwrite=true`` (saying what it deletes) where a run stopped before its first
+one (a kill, a full disk), so no message sends the user back to the one before it.
 """
 from __future__ import annotations
 
@@ -106,14 +110,21 @@ class RunDirectory:
                     f"marker, no checkpoints/ + config.json); overwrite=true deletes only a run: choose another run_dir=")
             self._start_over = True
             return None
+        started = (self.path / "config.json").exists()  # a run that stopped before its first checkpoint
         if resume:
+            if existing is None and started:
+                raise FileNotFoundError(f"resume=true but {self.path} holds a run that stopped before its first complete "
+                                        f"checkpoint: nothing to resume; {start_over_hint(self.path)}")
             if existing is None:
                 raise FileNotFoundError(f"resume=true but {self.checkpoints} holds no complete checkpoint; "
                                         f"drop resume=true to start this run")
             return existing
-        if existing is not None or (self.path / "config.json").exists():
-            raise FileExistsError(f"{self.path} already holds a run ({existing or 'config.json'}): pass resume=true to "
-                                  f"continue it, overwrite=true to delete it and start over, or choose another run_dir=")
+        if existing is not None:
+            raise FileExistsError(f"{self.path} already holds a run ({existing}): pass resume=true to continue it, "
+                                  f"overwrite=true to delete it and start over, or choose another run_dir=")
+        if started:
+            raise FileExistsError(f"{self.path} already holds a run that stopped before its first complete checkpoint "
+                                  f"(config.json, no checkpoint to resume); {start_over_hint(self.path)}")
         return None
 
     def start(self) -> None:
@@ -139,6 +150,20 @@ class RunDirectory:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
+
+
+def start_over_hint(run_dir) -> str:
+    """The way on for a run with no complete checkpoint: what ``overwrite=true`` deletes."""
+    return (f"overwrite=true starts it over (it deletes {', '.join(RUN_ENTRIES)} in {run_dir} and nothing else), "
+            f"or choose another run_dir=")
+
+
+def way_on(run_dir) -> str:
+    """After a run stopped (a full disk...): the command line that continues it, or starts it over."""
+    newest = newest_checkpoint(Path(run_dir) / "checkpoints")
+    if newest is not None:
+        return f"the newest complete checkpoint is {newest} (step {checkpoint_step(newest)}): resume=true continues from it"
+    return f"the run has no complete checkpoint: {start_over_hint(run_dir)}"
 
 
 def interrupted_message(run_dir) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.resources import NoRoomError
 from datasets.factory import make_dataset
 from datasets.fingerprint import FINGERPRINT_KEY, check_resume_data
 from datasets.sampler import SequenceDataset, StepBatchSampler, compute_stats, split_episodes
@@ -27,6 +28,7 @@ from policies.base import Policy
 from policies.registry import make_policy
 from policies.checkpoint import (
     load_training_state,
+    load_weights,
     newest_checkpoint,
     read_checkpoint_meta,
     rng_state,
@@ -38,7 +40,7 @@ from policies.checkpoint import (
 from .config import TrainConfig, TrainRunConfig, to_dict
 from .distributed import Distributed, pick_device
 from .cli import Interrupted
-from .rundir import RunDirectory, check_resume_config, interrupted_message
+from .rundir import RunDirectory, check_resume_config, interrupted_message, way_on
 
 # Seeds. Every rank builds the same initial weights from ``seed``; once they are built each rank
 # draws its own crops and noise from ``seed * RANK_SEED_STRIDE + rank``. A resumed run restores
@@ -185,7 +187,7 @@ def restore(state: TrainState, checkpoint: Path, cfg: TrainRunConfig, lr: float,
     """Continue from ``checkpoint``: weights, optimizer, schedule, EMA, RNG streams and the step."""
     saved = load_training_state(checkpoint)
     state.seconds_before = float(saved.get("train_seconds", 0.0))
-    state.policy.load_state_dict(saved["model"])
+    load_weights(state.policy, saved["model"], checkpoint / "training_state.safetensors")
     state.optimizer.load_state_dict(saved["optimizer"])
     for group in state.optimizer.param_groups:  # a resumed run may have a different process count
         group["initial_lr"] = lr
@@ -244,7 +246,8 @@ def autocast_context(precision: str, device):
 
 
 def save(state: TrainState, run: RunDirectory, tag: str, cfg_dict: dict, world_size: int, seconds: float) -> Path:
-    """Write checkpoints/<tag> and checkpoints/last, or refuse non-finite weights and write nothing."""
+    """Write checkpoints/<tag> and checkpoints/last, or refuse non-finite weights and write nothing. A disk
+    without room ends the run in one line naming the file and the command that goes on (``way_on``)."""
     weights = state.eval_weights()
     if not (_all_finite(state.policy.parameters()) and _all_finite(weights.values())):
         good = newest_checkpoint(run.checkpoints)
@@ -252,8 +255,11 @@ def save(state: TrainState, run: RunDirectory, tag: str, cfg_dict: dict, world_s
             f"the weights became non-finite by step {state.step} (training diverged); nothing was written, "
             f"the last good checkpoint is {good or 'none'}; lower train.lr or raise train.warmup_steps")
     training_state = state.training_state(world_size, seconds)
-    save_checkpoint(run.checkpoints / tag, state.policy, cfg_dict, training_state, weights)
-    return save_checkpoint(run.checkpoints / "last", state.policy, cfg_dict, training_state, weights)
+    try:
+        save_checkpoint(run.checkpoints / tag, state.policy, cfg_dict, training_state, weights)
+        return save_checkpoint(run.checkpoints / "last", state.policy, cfg_dict, training_state, weights)
+    except NoRoomError as exc:  # the run stops here: say how to go on once there is room
+        raise NoRoomError(f"{exc}; {way_on(run.path)}") from None
 
 
 def optimize(state: TrainState, batch: dict, step_fn, autocast, grad_clip: float) -> tuple[dict, float]:
@@ -428,9 +434,9 @@ def validate(policy, dataset, batch_size: int, device, max_batches: int = VAL_MA
     return float(np.mean(losses))
 
 
-def _print_recipe() -> None:
+def _print_recipe(task) -> None:
     """Under ``train_policy.py`` (Hydra's command line): which recipe pieces applied, and what they
-    changed in the task."""
+    changed in the run's ``task``."""
     import os
 
     from hydra.core.hydra_config import HydraConfig
@@ -440,14 +446,14 @@ def _print_recipe() -> None:
     if not HydraConfig.initialized() or int(os.environ.get("RANK", "0")) != 0:
         return
     hydra_cfg = HydraConfig.get()
-    print("\n".join(recipe_report(dict(hydra_cfg.runtime.choices), list(hydra_cfg.overrides.task))))
+    print("\n".join(recipe_report(dict(hydra_cfg.runtime.choices), list(hydra_cfg.overrides.task), task)))
 
 
 def run(cfg: TrainRunConfig) -> TrainResult:
     """What ``train_policy.py`` does: say what the recipe did, train, then leave torchrun's process group."""
     import torch.distributed as dist
 
-    _print_recipe()
+    _print_recipe(cfg.task)
     try:
         return train(cfg)
     except KeyboardInterrupt:

@@ -14,6 +14,11 @@ stored both twice, the same way).
 
 Directories are written under a temporary name and renamed, so a crash never leaves a half
 checkpoint under a final name.
+
+A checkpoint from elsewhere is data: loading one reads its own four files and nothing else. Its
+JSON builds only the policy's architecture (no file it names is read, no download starts: the weights
+are all in model.safetensors), its tensors load only where the model has a tensor of that shape, and
+its task must be the one its weights were trained on.
 """
 from __future__ import annotations
 
@@ -21,17 +26,26 @@ import copy
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from common.paths import inside
+from common.resources import is_no_room, no_room
 
 from .base import Policy
 from .registry import get_policy_class, make_policy
 
 IN_POLICY_CONFIG = ("policy", "attention")  # the run's settings policy_config holds (the attention: as vit.attention)
+# the policy's fields that are its task's facts (core.config.POLICY_REFERENCES): a checkpoint stores them in both
+TASK_FACTS = ("input_shapes", "action_dim", "crop_size")
+# the first bytes of what torch.save writes (a zip archive, or a bare pickle of protocol 2 and up)
+PICKLE_MAGIC = {b"PK\x03\x04": "torch.save (zip) file", b"\x80": "pickle"}
 
 
 # --- nested python state <-> (flat tensors, JSON skeleton) -------------------------------------
@@ -91,12 +105,15 @@ def set_rng_state(state: dict) -> None:
 
 
 # --- writing ----------------------------------------------------------------------------------
-def _atomic_dir(final: Path):
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
+def _temporary_dir(final: Path) -> Path:
+    """Where ``final`` is written before its rename (``clean_stale_writes`` knows the pattern)."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+
+
+def _os_error(exc: Exception) -> Exception:
+    """A failed write as an OSError with its errno: safetensors reports one as its own error ("os error 27")."""
+    found = re.search(r"os error (\d+)", str(exc)) if isinstance(exc, SafetensorError) else None
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else exc
 
 
 def _commit_dir(tmp: Path, final: Path) -> None:
@@ -113,19 +130,32 @@ def save_checkpoint(path, policy: Policy, cfg: dict | None = None, training_stat
     """Write one checkpoint directory atomically. ``eval_state_dict`` (EMA weights) replaces the
     policy's own weights in model.safetensors when given."""
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _atomic_dir(final)
+    tmp = _temporary_dir(final)
+    writing = final  # the file being written, named if the disk has no room for it
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
         weights = eval_state_dict if eval_state_dict is not None else policy.state_dict()
-        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        writing = final / "model.safetensors"
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / writing.name))
         run = {k: v for k, v in (cfg or {}).items() if k not in IN_POLICY_CONFIG}
         meta = {"policy": policy.name, "policy_config": policy.config.to_dict(), "cfg": run}
-        (tmp / "config.json").write_text(json.dumps(meta, indent=2))
+        writing = final / "config.json"
+        (tmp / writing.name).write_text(json.dumps(meta, indent=2))
         if training_state is not None:
             skeleton, tensors = flatten_state(training_state)
-            save_file(tensors, str(tmp / "training_state.safetensors"))
-            (tmp / "training_state.json").write_text(json.dumps(skeleton))
+            writing = final / "training_state.safetensors"
+            save_file(tensors, str(tmp / writing.name))
+            writing = final / "training_state.json"
+            (tmp / writing.name).write_text(json.dumps(skeleton))
         _commit_dir(tmp, final)
+    except (OSError, SafetensorError) as exc:
+        if not is_no_room(_os_error(exc)):
+            raise
+        kept = f" and {final} is still the previous complete checkpoint" if is_complete(final) else ""
+        raise no_room(_os_error(exc), writing, f"nothing partial was left{kept}") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -156,10 +186,16 @@ def is_complete(path: Path) -> bool:
     return all((Path(path) / f).is_file() for f in CHECKPOINT_FILES)
 
 
+def own_file(ckpt, name: str) -> Path:
+    """One of the checkpoint's files, refused in one line if it is a symbolic link out of the checkpoint:
+    loading reads nothing but the checkpoint's own files."""
+    return inside(ckpt, name, f"checkpoint {ckpt}: {name}")
+
+
 def checkpoint_step(path) -> int | None:
     """The training step a checkpoint was written at (None without a readable training state)."""
     try:
-        return int(json.loads((Path(path) / "training_state.json").read_text())["__dict__"]["step"])
+        return int(json.loads(own_file(path, "training_state.json").read_text())["__dict__"]["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -197,12 +233,50 @@ def read_checkpoint_meta(path) -> dict:
     """A checkpoint's config.json, its policy config in today's layout (``PolicyConfig.upgrade``)
     and, for a training run's checkpoint, the run's whole config in ``cfg``: its ``policy`` and
     ``attention`` are the policy config's (an older checkpoint's own copies of them were equal)."""
-    meta = json.loads((resolve_checkpoint(path) / "config.json").read_text())
+    ckpt = resolve_checkpoint(path)
+    meta = json.loads(own_file(ckpt, "config.json").read_text())
     meta["policy_config"] = get_policy_class(meta["policy"]).config_class.upgrade(meta["policy_config"])
+    _check_task(ckpt, meta)
     if meta.get("cfg"):
         policy = copy.deepcopy(meta["policy_config"])
         meta["cfg"].update(policy=policy, attention=copy.deepcopy(policy["vit"]["attention"]))
     return meta
+
+
+def _facts(value):
+    """A task fact as compared: input_shapes without its dropped (null) cameras, lists not tuples."""
+    if isinstance(value, dict):
+        return {k: list(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def _check_task(ckpt: Path, meta: dict) -> None:
+    """The run's task (``cfg.task``) and the task facts the policy was built for must agree: a task edited
+    to another would roll out weights and a normalizer made for other inputs and actions."""
+    task, policy = (meta.get("cfg") or {}).get("task") or {}, meta["policy_config"]
+    for key in TASK_FACTS:
+        if key in task and _facts(task[key]) != _facts(policy.get(key)):
+            raise ValueError(f"checkpoint {ckpt} does not fit its own task: config.json's task {task.get('name')!r} has "
+                             f"{key} {_facts(task[key])}, but its weights and normalizer were trained for {key} "
+                             f"{_facts(policy.get(key))} (policy_config); the task was edited: restore config.json, or "
+                             f"train a policy for that task")
+
+
+def load_weights(module: torch.nn.Module, state: dict, source) -> None:
+    """Load ``state`` into ``module`` strictly, refusing in one line what would not fit: the first tensor
+    whose shape differs, or missing / unexpected names (``source``: the file, for the message)."""
+    own = module.state_dict()
+    for key, tensor in state.items():
+        if key in own and tuple(own[key].shape) != tuple(tensor.shape):
+            raise ValueError(f"{source} does not fit the model its config.json builds: {key} is "
+                             f"{list(tensor.shape)} in the file and {list(own[key].shape)} in the model; the weights "
+                             f"and config.json do not belong together: use the checkpoint as train_policy.py wrote it")
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{source} does not match the model built from its config: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+        )
 
 
 def load_policy(path, device="cpu", expected_policy: str | None = None, **config_overrides) -> Policy:
@@ -213,33 +287,52 @@ def load_policy(path, device="cpu", expected_policy: str | None = None, **config
         raise ValueError(f"checkpoint {ckpt} holds a {meta['policy']!r} policy, not the requested {expected_policy!r}")
     config = dict(meta["policy_config"])
     config.update(config_overrides)
-    if config.get("vit", {}).get("pretrained"):  # model.safetensors holds the weights: the file need not exist now
-        config["vit"] = {**config["vit"], "pretrained": None}
-    policy = make_policy(config, name=meta["policy"])
-    state = _load_tensors(ckpt / "model.safetensors")
-    missing, unexpected = policy.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(
-            f"checkpoint {ckpt} does not match the {meta['policy']!r} model built from its config: "
-            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
-        )
+    config["vit"] = without_downloads(config.get("vit") or {})
+    try:
+        policy = make_policy(config, name=meta["policy"])
+    except ValueError as exc:
+        raise ValueError(f"checkpoint {ckpt} cannot be built: {exc}") from None
+    load_weights(policy, _load_tensors(own_file(ckpt, "model.safetensors")), ckpt / "model.safetensors")
     return policy.to(device).eval()
+
+
+def without_downloads(vit: dict) -> dict:
+    """A checkpoint's encoder settings with the weights it started from dropped: model.safetensors holds
+    every weight, so neither the local file (``vit.pretrained``) nor a download (timm's ``pretrained``)
+    is needed, whatever config.json says."""
+    timm_kwargs = {k: v for k, v in (vit.get("timm_kwargs") or {}).items() if k != "pretrained"}
+    return {**vit, "pretrained": None, "timm_kwargs": timm_kwargs}
 
 
 def training_state_entry(path, key: str):
     """One tensor-free entry of a checkpoint's training state (None where it has none), tensors not loaded."""
-    skeleton = json.loads((resolve_checkpoint(path) / "training_state.json").read_text())
+    skeleton = json.loads(own_file(resolve_checkpoint(path), "training_state.json").read_text())
     entry = skeleton.get("__dict__", {}).get(key)
     return None if entry is None else unflatten_state(entry, {})
 
 
 def load_training_state(path) -> dict:
     ckpt = resolve_checkpoint(path)
-    skeleton = json.loads((ckpt / "training_state.json").read_text())
-    return unflatten_state(skeleton, _load_tensors(ckpt / "training_state.safetensors"))
+    skeleton = json.loads(own_file(ckpt, "training_state.json").read_text())
+    return unflatten_state(skeleton, _load_tensors(own_file(ckpt, "training_state.safetensors")))
+
+
+def _pickle_kind(path: Path) -> str | None:
+    """What kind of pickle ``path`` holds, by its first bytes (None: not one, or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(max(map(len, PICKLE_MAGIC)))
+    except OSError:
+        return None
+    return next((kind for magic, kind in PICKLE_MAGIC.items() if head.startswith(magic)), None)
 
 
 def _load_tensors(path: Path) -> dict:
+    kind = _pickle_kind(path)
+    if kind is not None:  # never unpickled: loading a pickle can run any code
+        raise ValueError(f"not a safetensors file: {path} is a {kind}, which the package never loads (unpickling can "
+                         f"run code); a checkpoint holds what train_policy.py wrote, or convert the weights with "
+                         f"safetensors.torch.save_file")
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors raises its own SafetensorError for a truncated file

@@ -155,7 +155,7 @@ def test_pretrained_weights_load_from_a_local_file_at_another_patch_size(tmp_pat
     (dict(pretrained="/nonexistent/vit.safetensors"), FileNotFoundError, "does not exist"),
     (dict(pretrained="/tmp/vit.pth"), ValueError, "not a .safetensors file"),
     (dict(backbone="timm:no_such_vit"), ValueError, "timm has no model"),
-    (dict(backbone="timm:resnet18"), ValueError, "could not build 'resnet18' as a VisionTransformer"),
+    (dict(backbone="timm:resnet18"), ValueError, "is a ResNet, and the policy's camera encoder needs a timm VisionTransformer"),
     (dict(backbone="timm:vit_small_patch16_rope_224"), ValueError, "is a Eva, not a timm VisionTransformer"),
     (dict(timm_kwargs=dict(class_token=False, global_pool="avg")), ValueError, "pool=mean"),
 ])

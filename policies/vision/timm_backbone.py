@@ -3,7 +3,10 @@
 timm builds the named model at the crop size and ``vit.patch_size`` (its width, depth and heads
 are the named model's; ``vit.timm_kwargs`` overrides them), from scratch or from a local
 safetensors file (``vit.pretrained``: timm resamples its position and patch embeddings to the new
-grid and patch size; nothing is downloaded). ``swap_attention`` then gives every block the
+grid and patch size; nothing is downloaded). ``vit.timm_kwargs`` may only shape the architecture
+(``ARCHITECTURE_KWARGS``): a config, a checkpoint's included, cannot make timm read a file
+(``checkpoint_path``, ``pretrained_cfg_overlay``) or download weights (``pretrained``).
+``swap_attention`` then gives every block the
 package's attention, and the read-outs (cls, mean, spatial_softmax) and head are ``ViT``'s own, so
 the policy sees the same interface: images (B, C, H, W) in [0, 1] -> features (B, out_dim).
 """
@@ -21,6 +24,45 @@ from .vit import INIT_STD, ViT, ViTConfig
 
 PREFIX = "timm:"
 WEIGHT_SUFFIX = ".safetensors"  # weights without pickles, as our checkpoints
+EXAMPLE_VIT = "timm:vit_tiny_patch16_224"  # named when a backbone is not a ViT
+# The timm.create_model arguments vit.timm_kwargs may give: VisionTransformer's arguments that take a
+# plain value and only shape the model. Left out: create_model's own (pretrained, pretrained_cfg,
+# pretrained_cfg_overlay, checkpoint_path, cache_dir: they read files or reach the network) and the
+# layer classes, device and dtype (not data a config should carry).
+ARCHITECTURE_KWARGS = (
+    "img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads",
+    "mlp_ratio", "qkv_bias", "qk_norm", "scale_attn_norm", "scale_mlp_norm", "proj_bias", "init_values",
+    "class_token", "pos_embed", "no_embed_class", "reg_tokens", "pre_norm", "final_norm", "fc_norm",
+    "pool_include_prefix", "dynamic_img_size", "dynamic_img_pad", "drop_rate", "pos_drop_rate",
+    "patch_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate", "weight_init", "fix_init",
+)
+
+
+def check_timm_kwargs(kwargs: dict, name: str) -> None:
+    """Refuse, before timm sees them, ``vit.timm_kwargs`` that are not architecture settings."""
+    refused = sorted(set(kwargs) - set(ARCHITECTURE_KWARGS))
+    if not refused:
+        return
+    if "pretrained" in refused:  # a download: say how to get the file, which is then passed as vit.pretrained
+        hub = getattr(timm.models.get_pretrained_cfg(name), "hf_hub_id", None) if timm.is_model(name) else None
+        fetch = f"huggingface-cli download {hub} model.safetensors" if hub else "download the weights yourself"
+        raise ValueError(f"vit.timm_kwargs.pretrained would download the weights of {name!r}, and the package "
+                         f"downloads nothing: {fetch}, then pass policy.vit.pretrained=<that .safetensors file>")
+    raise ValueError(f"vit.timm_kwargs {', '.join(refused)}: not an architecture setting; timm_kwargs may only shape "
+                     f"the VisionTransformer (img_size, embed_dim, depth, num_heads, reg_tokens...: ARCHITECTURE_KWARGS "
+                     f"in {__name__}), never name a file to read or a download; give local weights as "
+                     f"policy.vit.pretrained=<a .safetensors file>")
+
+
+def _not_a_vit(name: str) -> str | None:
+    """The class of timm's model ``name`` when it is no VisionTransformer (built on the meta device:
+    nothing is allocated), else None."""
+    try:
+        with torch.device("meta"):
+            cls = type(timm.create_model(name, pretrained=False))
+    except Exception:  # a model that cannot even be built with its defaults: the build's own error says why
+        return None
+    return None if issubclass(cls, VisionTransformer) else cls.__name__
 
 
 def create_timm_vit(cfg: ViTConfig, crop_size: int) -> VisionTransformer:
@@ -28,7 +70,8 @@ def create_timm_vit(cfg: ViTConfig, crop_size: int) -> VisionTransformer:
     name = cfg.backbone[len(PREFIX):]
     if not timm.is_model(name):
         raise ValueError(f"vit.backbone={cfg.backbone!r}: timm has no model {name!r}; list them with timm.list_models('vit_*')")
-    pretrained = {}
+    check_timm_kwargs(cfg.timm_kwargs, name)
+    pretrained = dict(pretrained=False)
     if cfg.pretrained:
         path = Path(cfg.pretrained)
         if path.suffix != WEIGHT_SUFFIX:
@@ -43,10 +86,16 @@ def create_timm_vit(cfg: ViTConfig, crop_size: int) -> VisionTransformer:
     try:
         model = timm.create_model(name, **pretrained, **kwargs)
     except (RuntimeError, TypeError, KeyError, ValueError, AssertionError) as exc:
+        other = _not_a_vit(name)
+        if other is not None:
+            raise ValueError(f"vit.backbone={cfg.backbone!r} is a {other}, and the policy's camera encoder needs a "
+                             f"timm VisionTransformer: name one, e.g. policy.vit.backbone={EXAMPLE_VIT} "
+                             f"(timm.list_models('vit_*') lists them)") from None
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"timm could not build {name!r} as a VisionTransformer with {kwargs}{' from ' + cfg.pretrained if cfg.pretrained else ''}: {detail}") from None
     if not isinstance(model, VisionTransformer):
-        raise ValueError(f"vit.backbone={cfg.backbone!r} is a {type(model).__name__}, not a timm VisionTransformer: name a vit_* model")
+        raise ValueError(f"vit.backbone={cfg.backbone!r} is a {type(model).__name__}, not a timm VisionTransformer: "
+                         f"name one, e.g. policy.vit.backbone={EXAMPLE_VIT}")
     return model
 
 
