@@ -21,7 +21,12 @@ from torch import nn
 
 from .normalize import Normalizer
 from .obs_encoder import ImageAugConfig, ObsEncoder
+from .vision.resnet import ResNetConfig
 from .vision.vit import ViTConfig, patch_grid
+
+# the camera encoders: the ViT under study (vit.*, its attention the run's attention=), or the field's
+# default ResNet-18 baseline (resnet.*; it has no attention). Chosen with encoder=<name> (configs/encoder/)
+ENCODERS = ("vit", "resnet18")
 
 
 @dataclass
@@ -47,13 +52,17 @@ class PolicyConfig:
     # true: the last crop_size % patch_size pixel rows and columns are knowingly left unseen (the ViT's
     # patch grid covers crop_size // patch_size patches); false: such a crop is warned about
     drop_crop_remainder: bool = False
-    share_vit: bool = False  # one ViT for all cameras, or one each
+    share_vit: bool = False  # one camera encoder for all cameras, or one each
     image_aug: ImageAugConfig = field(default_factory=ImageAugConfig)
+    encoder: str = "vit"  # one of ENCODERS
     vit: ViTConfig = field(default_factory=ViTConfig)
+    resnet: ResNetConfig = field(default_factory=ResNetConfig)
 
     def __post_init__(self):
         if isinstance(self.vit, dict):
             self.vit = ViTConfig(**self.vit)
+        if isinstance(self.resnet, dict):
+            self.resnet = ResNetConfig(**self.resnet)
         if isinstance(self.image_aug, dict):
             self.image_aug = ImageAugConfig(**self.image_aug)
         self.input_shapes = {k: list(v) for k, v in self.input_shapes.items() if v is not None}
@@ -74,6 +83,22 @@ class PolicyConfig:
             c, h, w = self.input_shapes[key]
             if self.crop_size > min(h, w):
                 raise ValueError(f"policy.crop_size ({self.crop_size}) is larger than camera {key!r} ({h}x{w})")
+        if self.image_aug.shift >= self.crop_size:
+            raise ValueError(f"policy.image_aug.shift ({self.image_aug.shift}) must be smaller than the "
+                             f"{self.crop_size}-px crop, or nothing of the image is left in view")
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"policy.encoder={self.encoder!r} is unknown; choose one of {', '.join(ENCODERS)} (encoder=<name>)")
+        if self.encoder == "vit":
+            self.check_vit_crop()
+        elif self.vit.backbone is not None:
+            raise ValueError(f"encoder={self.encoder} replaces the ViT, so policy.vit.backbone={self.vit.backbone} "
+                             "cannot apply: drop one of them")
+        elif self.vit.attention.kind != "full":
+            raise ValueError(f"encoder={self.encoder} has no attention, so attention={self.vit.attention.kind} cannot "
+                             f"apply: pass encoder={self.encoder} alone (not policy.encoder=, which keeps the default attention)")
+
+    def check_vit_crop(self) -> None:
+        """The ViT's patches must fit the crop."""
         if self.crop_size < self.vit.patch_size:
             raise ValueError(f"task.crop_size ({self.crop_size}) is smaller than one {self.vit.patch_size}-px patch; "
                              "lower policy.vit.patch_size or raise the crop")
@@ -81,6 +106,11 @@ class PolicyConfig:
             warnings.warn(f"task.crop_size {self.crop_size} is not a multiple of the {self.vit.patch_size}-px patch: "
                           f"the last {self.crop_size % self.vit.patch_size} pixel rows and columns are never seen; "
                           f"choose a multiple, or pass policy.drop_crop_remainder=true if that is what you want")
+
+    @property
+    def feature_dim(self) -> int:
+        """Features per camera frame that the chosen encoder hands the policy."""
+        return self.resnet.out_dim if self.encoder == "resnet18" else self.vit.out_dim
 
     @property
     def patch_grid(self) -> tuple[int, int]:

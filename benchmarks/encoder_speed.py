@@ -1,0 +1,100 @@
+"""The ResNet-18 baseline against the ViT encoders: one BC training step and one replanning call, on one thread.
+
+    python -m benchmarks.encoder_speed                     # Lift, 84 px, batch 64, 1 thread
+    python -m benchmarks.encoder_speed --rounds 10 --batch-size 32
+
+Every row is BC (MLP head) on Lift's observation as ``recipe=cpu`` trains it (the agentview camera
+uncropped at 84 px, one camera frame, two low-dim steps), built from the real configs with only the
+encoder changed: ``encoder=resnet18`` against the ViT with ``attention=full``, ``fibottention`` and
+``lookhere`` (their default sizes, no per-attention recipe pieces, so the encoders alone differ).
+Data are random tensors of those shapes. Timing as ``policy_speed.py`` (its ``Bench``): forward +
+backward + AdamW per train step, median over interleaved rounds; latency: batch 1,
+``predict_action_chunk``. Writes ``<out>/<name>.json`` and ``.md`` and prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.policy_speed import Bench, build, cpu_model
+
+TASK, POLICY = "lift", "bc"
+# recipe=cpu's Lift observation (configs/recipe/task/cpu/lift.yaml, recipe/cpu.yaml) and BC's MLP head
+LIFT_84 = ["task.crop_size=84", "task.input_shapes.robot0_eye_in_hand_image=null", "policy.drop_crop_remainder=true",
+           "policy.n_image_obs_steps=1", "policy.head=mlp"]
+# row label -> (attention, extra overrides); the ResNet takes no attention (its group sets full)
+ENCODERS = {
+    "resnet18": ("full", ["encoder=resnet18"]),
+    "vit full": ("full", []),
+    "vit fibottention": ("fibottention", []),
+    "vit lookhere": ("lookhere", []),
+}
+
+
+def to_markdown(rows: list[dict], meta: dict) -> str:
+    lines = [f"BC on Lift ({meta['image']} px, one camera frame), batch {meta['batch_size']}, {meta['threads']} thread, "
+             f"{meta['device_model']}, torch {meta['torch']}; median of {meta['rounds']} interleaved rounds. "
+             f"Load average before/after: {meta['loadavg_before']} / {meta['loadavg_after']}.",
+             "",
+             "| encoder | params (M) | encoder params (M) | train step s (median) | train samples/s | select_action ms (median) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['encoder']} | {r['params_M']:.2f} | {r['encoder_params_M']:.2f} | {r['train_step_s_median']:.3f} | "
+                     f"{r['train_samples_per_s']:.1f} | {r['latency_ms_median']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
+    ap.add_argument("--batch-size", type=int, default=64, help="train.batch_size's default")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed train steps and latency calls per encoder")
+    ap.add_argument("--rounds", type=int, default=3, help="timed train steps per encoder (one per round)")
+    ap.add_argument("--latency-calls", type=int, default=3, help="timed latency calls per encoder and round")
+    ap.add_argument("--out", default="results/encoder_speed")
+    ap.add_argument("--name", default="cpu_1thread")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    meta = {"device_model": cpu_model(), "torch": torch.__version__, "threads": args.threads, "image": 84,
+            "batch_size": args.batch_size, "warmup": args.warmup, "rounds": args.rounds, "latency_calls": args.latency_calls,
+            "overrides": LIFT_84, "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    benches = []
+    for label in args.encoders:
+        attention, extra = ENCODERS[label]
+        policy, pc = build(TASK, POLICY, attention, [*LIFT_84, *extra])
+        row = {"encoder": label, "attention": attention, "overrides": extra,
+               "params_M": sum(p.numel() for p in policy.parameters()) / 1e6,
+               "encoder_params_M": sum(p.numel() for p in policy.obs_encoder.parameters()) / 1e6,
+               "input_shapes": pc.input_shapes, "crop_size": pc.crop_size}
+        bench = Bench(policy, pc, args.batch_size, device)
+        for _ in range(args.warmup):
+            bench.train_step(record=False)
+            bench.latency_call(record=False)
+        benches.append((row, bench))
+    for r in range(args.rounds):  # interleaved: a burst of load from other processes lands on every encoder alike
+        for _, bench in benches:
+            bench.train_step()
+            for _ in range(args.latency_calls):
+                bench.latency_call()
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    rows = [{**row, **bench.summary(args.batch_size)} for row, bench in benches]
+    meta["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    md = to_markdown(rows, meta)
+    (out / f"{args.name}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
