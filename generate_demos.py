@@ -6,23 +6,7 @@
 Options: GenerateConfig in datasets/generate.py (the library this calls); `python generate_demos.py
 task=lift --cfg job` prints them.
 """
-from core.cli import check_overrides, quiet_ctrl_c, run_command
-
-quiet_ctrl_c("generate_demos.py")  # first: a Ctrl-C during the imports below (seconds) ends in one line too
-
-import hydra  # noqa: E402
-from core.config import register_configs  # noqa: E402
-
-register_configs()
-
-
-@hydra.main(version_base="1.3", config_path="configs", config_name="generate")
-def main(cfg) -> None:
-    from datasets.generate import run
-
-    run_command("generate_demos.py", run, cfg)
-
+from core.cli import main
 
 if __name__ == "__main__":
-    check_overrides("generate_demos.py", "generate")  # a bad override in one line, before Hydra's several
-    main()
+    main("generate_demos.py", "generate", "datasets.generate:run")  # core/cli.py: the entry points' one convention

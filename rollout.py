@@ -7,23 +7,7 @@ Prints and writes summary.json (success rate with a 95% Wilson interval, mean ma
 lengths, every episode's seed and outcome) and videos, in a folder of its own under <run>/eval/.
 Options: RolloutConfig in core/config.py.
 """
-from core.cli import check_overrides, quiet_ctrl_c, run_command
-
-quiet_ctrl_c("rollout.py")  # first: a Ctrl-C during the imports below (seconds) ends in one line too
-
-import hydra  # noqa: E402
-from core.config import register_configs  # noqa: E402
-
-register_configs()
-
-
-@hydra.main(version_base="1.3", config_path="configs", config_name="rollout")
-def main(cfg) -> None:
-    from core.evaluation import run
-
-    run_command("rollout.py", run, cfg)
-
+from core.cli import main
 
 if __name__ == "__main__":
-    check_overrides("rollout.py", "rollout")  # a bad override in one line, before Hydra's several
-    main()
+    main("rollout.py", "rollout", "core.evaluation:run")  # core/cli.py: the entry points' one convention

@@ -5,10 +5,13 @@ raised as ValueError / FileNotFoundError / FileExistsError / FloatingPointError 
 names the problem and the fix; ``run_command`` prints that message alone and exits 1. A permission
 error (a read-only folder) and Ctrl-C end in one line too (Ctrl-C: exit 130, saying what was written;
 a command that wrote something raises ``Interrupted`` with that in its message). Anything else is a
-bug and keeps its traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback of user errors too. A command
-line Hydra itself refuses (a group option or key that does not exist, a wrong type) is composed first by
-``check_overrides``, which says it in one line. ``quiet_ctrl_c``, called before an entry script's
-imports, makes a Ctrl-C during them one line too; this module imports nothing heavy for that reason.
+bug and keeps its traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback of user errors too.
+
+``main`` is each Hydra entry script's body: it composes the command line once (``compose_command``: a
+line Hydra refuses ends in one line too) and runs the command on that composition; Hydra's own flags
+(``--help``, ``--cfg``, ``-m``) go to Hydra's runner. ``quiet_ctrl_c``, called before an entry
+script's imports (``main`` calls it first), makes a Ctrl-C during them one line too; this module imports
+nothing heavy for that reason.
 """
 from __future__ import annotations
 
@@ -97,23 +100,75 @@ def hydra_message(text: str) -> str:
     return "; ".join(line for line in lines if line and not line.startswith(("full_key:", "object_type=", "reference_type=")))
 
 
-def check_overrides(prog: str, config_name: str, argv: list[str] | None = None) -> None:
-    """Compose the command line before Hydra does: a bad override (a group option or key that does not
-    exist, a wrong type) ends in one line, where Hydra would print several. Hydra's own flags
-    (``--cfg``, ``-m``, ``--help``) and ``hydra.*`` overrides are left to Hydra."""
-    argv = sys.argv[1:] if argv is None else argv
-    if os.environ.get("HYDRA_FULL_ERROR") == "1" or any(a.startswith("-") for a in argv):
-        return
+def _for_hydra(argv: list[str]) -> bool:
+    """Hydra's own flags (``--help``, ``--cfg``, ``-m`` with its sweeps and launchers...) and settings of
+    Hydra itself (``hydra.*``, ``hydra/...``) are Hydra's runner's business."""
+    return any(a.startswith("-") or a.lstrip("+~").startswith(("hydra.", "hydra/")) for a in argv)
+
+
+def _command(target: str):
+    """ "module:function" -> the function, imported only now: a refused command line never loads it."""
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def compose_command(prog: str, config_name: str, argv: list[str]):
+    """The command line composed, Hydra's node included (the recipe report reads its choices); a line
+    Hydra refuses (a group option or key that does not exist, a wrong type) ends in one line, where
+    Hydra would print several and a HYDRA_FULL_ERROR hint."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from .config import compose_dict
 
     try:
-        compose_dict(config_name, [a for a in argv if not a.lstrip("+~").startswith("hydra.")])
+        return compose_dict(config_name, argv, with_hydra=True)
     except (HydraException, OmegaConfBaseException) as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
         chain = [exc]
         while chain[-1].__cause__ is not None:  # Hydra's "Error merging override ..." is caused by OmegaConf's why
             chain.append(chain[-1].__cause__)
         print(f"{prog}: error: {hydra_message(chr(10).join(map(str, chain)))}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _run_under_hydra(prog: str, config_name: str, target: str) -> None:
+    """Hydra's own runner, for its flags and settings: it composes as each mode needs (``--cfg`` prints,
+    a multirun composes once per job) and prints its own errors."""
+    from pathlib import Path
+
+    import hydra
+
+    from .config import CONFIG_DIR, register_configs
+
+    def job(cfg):
+        return run_command(prog, _command(target), cfg)
+
+    job.__module__ = Path(prog).stem  # Hydra names the job after it: "rollout is powered by Hydra" (--help)
+    register_configs()
+    hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)(job)()
+
+
+def main(prog: str, config_name: str, target: str) -> None:
+    """An entry script's body: compose ``configs/<config_name>`` with the command line once and run
+    ``target`` ("module:function", given the config's dataclasses) on it under ``run_command``. This is
+    what Hydra's runner does for a plain command line under configs/quiet.yaml (no output folder, no log
+    files), less its second composition (``Hydra.get_mode`` composes before ``Hydra.run`` does)."""
+    quiet_ctrl_c(prog)  # first: a Ctrl-C during the imports and the composition (seconds) ends in one line too
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    argv = sys.argv[1:]
+    if _for_hydra(argv):
+        return _run_under_hydra(prog, config_name, target)
+    cfg = compose_command(prog, config_name, argv)
+    HydraConfig.instance().set_config(cfg)  # as Hydra's runner does: the job reads its choices there
+    with open_dict(cfg):
+        del cfg["hydra"]
+    try:
+        return run_command(prog, _command(target), cfg)
+    finally:
+        HydraConfig.instance().cfg = None  # a later command in this process (a test) composes its own

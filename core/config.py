@@ -18,6 +18,7 @@ refuses values that can never work.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -281,17 +282,19 @@ def to_object(cfg: DictConfig):
     return OmegaConf.to_object(cfg)
 
 
-def compose_dict(config_name: str = "config", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Compose exactly as the command of ``config_name`` does from its command line (Hydra's errors untouched)."""
+def compose_dict(config_name: str = "config", overrides: list[str] | tuple[str, ...] = (),
+                 with_hydra: bool = False) -> DictConfig:
+    """Compose exactly as the command of ``config_name`` does from its command line (Hydra's errors untouched);
+    ``with_hydra`` keeps Hydra's own node (``hydra.runtime.choices``: the option each group took)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
     if GlobalHydra.instance().is_initialized():  # inside an entry point (a Hydra app on configs/): its search path
-        return hydra_compose(config_name=config_name, overrides=list(overrides))
+        return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=list(overrides))
+        return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
 
 
 def compose(config_name: str = "config", overrides: list[str] | tuple[str, ...] = ()):
@@ -299,21 +302,23 @@ def compose(config_name: str = "config", overrides: list[str] | tuple[str, ...] 
     return to_object(compose_dict(config_name, overrides))
 
 
-def recipe_report(choices: dict, overrides: list[str]) -> list[str]:
-    """What a composition's recipe did: the pieces it applied (Hydra's ``runtime.choices``), and each
-    task setting that differs from the same command line with ``recipe=none`` (cameras, dataset, crop)."""
-    import warnings
+def recipe_report(choices: dict, overrides: list[str], task: TaskConfig) -> list[str]:
+    """What the recipe did to a composed run: the pieces it applied (Hydra's ``runtime.choices``), and each
+    setting of its ``task`` that differs from the task's own file, configs/task/<name>.yaml (cameras,
+    dataset, crop). A setting the command line gave is the user's, not the recipe's, and is left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     pieces = [f"recipe/{choices['recipe']}"] + sorted(  # the optional pieces that exist
         path for group, choice in choices.items() if group.startswith("recipe/") and choice
         for path in [f"{group.split('@')[0]}/{choice}"] if (CONFIG_DIR / f"{path}.yaml").exists())
     lines = [f"recipe pieces: {', '.join(pieces)}"]
-    with_recipe = to_dict(compose("config", overrides).task)
-    with warnings.catch_warnings():  # a comparison only: the run's own config has warned already
-        warnings.simplefilter("ignore")
-        without = to_dict(compose("config", [o for o in overrides if not o.startswith("recipe=")] + ["recipe=none"]).task)
-    for key, (new, old) in sorted(_diff(with_recipe, without).items()):
-        lines.append(f"recipe changed task.{key}: {old!r} -> {new!r}")
+    if not (CONFIG_DIR / "task" / f"{choices['task']}.yaml").is_file():  # a task from another config dir
+        return lines
+    given = [o.key_or_group + "." for o in OverridesParser.create().parse_overrides(overrides)
+             if o.key_or_group.startswith("task.")]  # settings, not the group's option (task=lift)
+    for key, (new, old) in sorted(_diff(to_dict(task), to_dict(load_task(choices["task"]))).items()):
+        if not any(f"task.{key}.".startswith(g) for g in given):
+            lines.append(f"recipe changed task.{key}: {old!r} -> {new!r}")
     return lines
 
 
@@ -333,9 +338,36 @@ def to_dict(obj) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
 
 
+# "${" with the backslashes before it: OmegaConf reads "\${" as a literal "${" and "\\" before one as "\"
+_INTERPOLATION_START = re.compile(r"(\\*)\$\{")
+
+
+def _literal(data):
+    """``data`` with every string escaped so that OmegaConf resolves it to itself: "${oc.env:HOME}" stays
+    those characters. A file from elsewhere (a checkpoint's JSON) is data: it must not read the user's
+    environment variables (oc.env) or other settings into the run."""
+    if isinstance(data, DictConfig):
+        data = OmegaConf.to_container(data, resolve=False)
+    if isinstance(data, dict):
+        return {k: _literal(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_literal(v) for v in data]
+    if isinstance(data, str):
+        return _INTERPOLATION_START.sub(lambda m: "\\" * (2 * len(m.group(1)) + 1) + "${", data)
+    return data
+
+
 def from_dict(cls, data: dict):
-    """The inverse of ``to_dict``, validated (a checkpoint's ``cfg["task"]`` -> TaskConfig)."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))
+    """The inverse of ``to_dict``, validated (a checkpoint's ``cfg["task"]`` -> TaskConfig). Every string is
+    a literal: no interpolation (``${...}``) is resolved. A value of the wrong type is one line."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), _literal(data)))
+    except OmegaConfBaseException as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        where = f" at {exc.full_key}" if getattr(exc, "full_key", None) else ""
+        raise ValueError(f"{cls.__name__}{where}: {detail}") from None
 
 
 def load_task(name: str) -> TaskConfig:

@@ -1,33 +1,36 @@
 """The evaluation loop: a policy (or a checkpoint) rolled out in parallel environments -> a summary.
 
 ``evaluate`` batches the policy over the environments of an ``EnvPool``; ``evaluate_checkpoint``
-loads a checkpoint, applies inference-time changes and writes ``summary.json`` + videos into a
-folder of its own. Evaluation seeds start at 100000; demonstrations use seeds below that.
+loads a checkpoint, applies inference-time changes (``core.inference``) and writes ``summary.json``
++ videos into a folder of its own (``core.eval_folders`` names it). The videos show what the policy
+saw: its camera images as it receives them. Evaluation seeds start at 100000; demonstrations use
+seeds below that.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from envs.corruptions import corruption_tag, obs_corruptor
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
-from policies.registry import get_policy_class
-from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
-from policies.vision.vit import patch_grid
+from policies.checkpoint import load_policy, read_checkpoint_meta, resolve_checkpoint
 
 from .config import InferenceOverrides, RolloutConfig, TaskConfig, from_dict
+from .eval_folders import rollout_out_dir
+# OverrideError: what evaluate_checkpoint raises for an option the checkpoint cannot take (one line in the CLI)
+from .inference import OverrideError, policy_overrides
 from .preflight import WrittenFiles, check_output_dir, replace_file
 from .stats import wilson_interval
 
-
-class OverrideError(ValueError):
-    """A rollout override that does not fit the checkpoint: the CLI prints it as one line."""
+# what the videos show, as summary.json records it
+VIDEO_SHOWS = ("what the policy saw: its camera images side by side as it receives them (rendered at image_size, "
+               "after corruption), before its centre crop")
 
 
 class _Episode:
@@ -67,6 +70,7 @@ class _Rollouts:
 
     def __init__(self, policy, pool, seeds: list[int], obs_transform, videos: tuple[Path, int, int] | None, bar):
         self.policy, self.pool, self.bar = policy, pool, bar
+        self.image_keys = policy.config.image_keys
         self.seeds = deque(seeds)
         self.first_seed = seeds[0] if seeds else 0
         self.obs_transform = obs_transform or (lambda obs: obs)
@@ -90,10 +94,15 @@ class _Rollouts:
                 continue
             record = self.videos is not None and seed - self.first_seed < self.videos[1]
             self.episodes[i] = _Episode(seed, record)
-            self.obs[i] = self.obs_transform(obs)
-            if record:
-                self.episodes[i].frames.append(_render(env))
+            self._observe(i, obs)
             return
+
+    def _observe(self, i: int, obs: dict) -> None:
+        """What the policy of environment i sees next (corrupted, if asked), and the video's frame of it."""
+        self.obs[i] = self.obs_transform(obs)
+        frames = self.episodes[i].frames
+        if frames is not None:
+            frames.append(np.concatenate([self.obs[i][k] for k in self.image_keys], axis=1))  # (H, W * cameras, 3)
 
     def finish(self, i: int) -> None:
         episode = self.episodes[i]
@@ -124,9 +133,7 @@ class _Rollouts:
                 self.start(i)
                 continue
             episode.record(reward, info)
-            if episode.frames is not None:
-                episode.frames.append(_render(self.pool.envs[i]))
-            self.obs[i] = self.obs_transform(obs_i)
+            self._observe(i, obs_i)
             if terminated or truncated or episode.success:
                 self.finish(i)
                 self.start(i)
@@ -143,7 +150,10 @@ def evaluate(policy, task: TaskConfig, *, num_episodes: int, seed: int = EVAL_SE
              image_size: int | None = None, obs_transform=None, video_dir: Path | None = None, num_videos: int = 3,
              max_steps: int | None = None, progress: bool = True, env_options: dict | None = None) -> dict:
     """Run ``num_episodes`` episodes on seeds ``seed, seed+1, ...``, batching the policy over the
-    parallel environments. ``obs_transform(obs) -> obs`` alters observations (corruption studies)."""
+    parallel environments. What the policy observes can change on either side of the camera:
+    ``env_options`` are constructor arguments of every environment (what it renders and how),
+    ``obs_transform(obs) -> obs`` alters each observation after it is rendered (camera corruptions).
+    The first ``num_videos`` episodes are filmed as the policy saw them."""
     from tqdm import tqdm
 
     kwargs = env_kwargs_from_task(task, policy.config.image_keys, image_size)  # render only the cameras the policy reads
@@ -153,11 +163,14 @@ def evaluate(policy, task: TaskConfig, *, num_episodes: int, seed: int = EVAL_SE
     policy.eval()
     policy.reset()
     t_start = time.perf_counter()
-    videos = (video_dir, num_videos, task.fps) if video_dir is not None else None
+    videos = (video_dir, num_videos, task.fps) if video_dir is not None and policy.config.image_keys else None
     with tqdm(total=num_episodes, desc=f"rollout {task.name}", disable=not progress, dynamic_ncols=True) as bar:
         with EnvPool(task.name, kwargs, workers) as pool:
             results = _Rollouts(policy, pool, list(range(seed, seed + num_episodes)), obs_transform, videos, bar).run()
-    return summarize(results, time.perf_counter() - t_start, workers)
+    summary = summarize(results, time.perf_counter() - t_start, workers)
+    if videos is not None and num_videos:
+        summary["videos"] = {"shows": VIDEO_SHOWS, "cameras": list(policy.config.image_keys)}
+    return summary
 
 
 def summarize(results: list[dict], wall_seconds: float, workers: int) -> dict:
@@ -183,81 +196,27 @@ def summarize(results: list[dict], wall_seconds: float, workers: int) -> dict:
     return summary
 
 
-def _render(env) -> np.ndarray:
-    env.send("render")
-    try:
-        return env.recv()
-    except EnvError:
-        return None
-
-
 def _write_video(path: Path, frames: list, fps: int) -> None:
     import imageio.v2 as imageio
 
-    frames = [f for f in frames if f is not None]
-    if not frames:
-        return
     path.parent.mkdir(parents=True, exist_ok=True)
     imageio.mimsave(str(path), frames, fps=fps, macro_block_size=1)
-
-
-def default_out_dir(checkpoint: Path, seed: int, options: dict) -> Path:
-    """<run>/eval/<checkpoint>_seed<seed>[_<option><value>...]: one folder per evaluation.
-
-    A checkpoint inside a run (<run>/checkpoints/<tag>) evaluates into <run>/eval/; a standalone
-    checkpoint directory into eval/ beside it.
-    """
-    ckpt = Path(checkpoint)
-    root = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
-    tag = ckpt.name
-    step = checkpoint_step(ckpt) if tag == "last" else None
-    if step is not None:  # "last" moves on when a run resumes; its step does not
-        tag = f"step_{step:07d}"
-    parts = [f"{tag}_seed{seed}"]
-    for key, value in sorted(options.items()):
-        if value is not None:
-            text = "x".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-            parts.append(f"{key}{text}")
-    return root / "eval" / "_".join(parts)
-
-
-def _policy_overrides(meta: dict, inference: InferenceOverrides) -> tuple[dict, dict]:
-    """The checkpoint's policy config fields ``inference`` changes -> (load_policy's overrides, the
-    attention settings changed); a change that does not fit the checkpoint is an OverrideError."""
-    policy_config, name = meta["policy_config"], meta["policy"]
-    overrides = {}
-    if inference.num_inference_steps is not None:
-        if "num_inference_steps" not in policy_config:
-            raise OverrideError(f"num_inference_steps= applies to diffusion policies, but this checkpoint holds "
-                                f"{name!r}; drop num_inference_steps=")
-        overrides["num_inference_steps"] = inference.num_inference_steps
-    ta = inference.n_action_steps
-    if ta is not None:  # Ta only acts at inference: replan more or less often without retraining
-        trained_ta = policy_config["n_action_steps"]
-        if ta != trained_ta and not get_policy_class(name).config_class.inference_action_steps:
-            raise OverrideError(f"n_action_steps= cannot change at rollout for a {name!r} checkpoint (its network "
-                                f"outputs {trained_ta} actions per step); drop n_action_steps= or retrain with policy.n_action_steps=")
-        overrides["n_action_steps"] = ta
-    # Attention settings that only act on the masks, so they can change at inference on larger images:
-    # LookHere's global slope (the paper lowers it), Fibottention's window (N // 3 grows with N) and
-    # offset grid ("train": keep the 2-D displacements its 1-D offsets had on the training grid).
-    vit = policy_config["vit"]
-    attn = vit["attention"]
-    train_grid = patch_grid(policy_config["crop_size"], vit["patch_size"])
-    offset_grid = list(train_grid) if inference.offset_grid == "train" else inference.offset_grid
-    attn_over = {k: v for k, v in (("global_slope", inference.global_slope), ("w_max", inference.w_max),
-                                   ("offset_grid", offset_grid)) if v is not None}
-    for key, kind in (("global_slope", "lookhere"), ("w_max", "fibottention"), ("offset_grid", "fibottention")):
-        if key in attn_over and attn["kind"] != kind:
-            raise OverrideError(f"{key}= applies to {kind} attention, but this checkpoint uses {attn['kind']!r}; drop {key}=")
-    if attn_over:
-        overrides["vit"] = {**vit, "attention": {**attn, **attn_over}}
-    return overrides, attn_over
 
 
 def _write_summary(out_dir: Path, summary: dict) -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     replace_file(Path(out_dir) / "summary.json", json.dumps(summary, indent=2))
+
+
+def _observation_changes(inference: InferenceOverrides, image_keys: list[str], obs_transform=None) -> tuple[dict, Any]:
+    """What ``inference`` changes in what the policy observes -> (options of every environment, the
+    transform of each observation): a corruption acts on the rendered frame; a change the simulator
+    renders (the scene) is an environment option."""
+    if not inference.corruption:  # parsed by InferenceOverrides
+        return {}, obs_transform
+    if obs_transform is not None:
+        raise ValueError("give corruption= or obs_transform, not both")
+    return {}, obs_corruptor(inference.corruption, image_keys)
 
 
 def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,
@@ -267,7 +226,7 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
     """Roll a checkpoint out, changed at inference by ``inference`` (or the same fields as keywords,
     e.g. ``global_slope=0.5``); with ``out_dir``, write summary.json (and videos) there, never over
     an earlier evaluation unless ``overwrite``. A ``corruption`` applies to every camera image
-    (``envs.corruptions``); the videos show what the policy saw."""
+    (``envs.corruptions``) before the policy sees it, and before the video films it."""
     if inference is not None and overrides:
         raise ValueError(f"give inference= or its fields {sorted(overrides)} as keywords, not both")
     inference = inference or InferenceOverrides(**overrides)
@@ -278,21 +237,18 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
                               f"replace it, or choose another out_dir=")
     if out_dir is not None:
         check_output_dir(out_dir, "out_dir")  # before the policy loads and an episode runs
-    policy_overrides, attn_over = _policy_overrides(meta, inference)
-    policy = load_policy(ckpt, device=device, **policy_overrides)
+    changes, attn_over = policy_overrides(meta, inference)
+    policy = load_policy(ckpt, device=device, **changes)
     task = from_dict(TaskConfig, meta["cfg"]["task"])
-    corruptions = inference.corruption  # parsed by InferenceOverrides
-    if corruptions:
-        if obs_transform is not None:
-            raise ValueError("give corruption= or obs_transform, not both")
-        obs_transform = obs_corruptor(corruptions, policy.config.image_keys)
+    env_options, obs_transform = _observation_changes(inference, policy.config.image_keys, obs_transform)
+    video_dir = Path(out_dir) / "videos" if out_dir and num_videos else None
     summary = evaluate(policy, task, num_episodes=num_episodes, seed=seed, workers=workers, image_size=inference.image_size,
-                       obs_transform=obs_transform, video_dir=Path(out_dir) / "videos" if out_dir and num_videos else None,
-                       num_videos=num_videos, max_steps=max_steps, progress=progress)
+                       obs_transform=obs_transform, env_options=env_options, max_steps=max_steps, progress=progress,
+                       video_dir=video_dir, num_videos=num_videos)
     summary.update(checkpoint=str(ckpt), task=task.name, policy=meta["policy"],
                    attention=meta["policy_config"]["vit"]["attention"]["kind"], attention_overrides=attn_over,
                    seed_start=seed, image_size=inference.image_size, n_action_steps=policy.config.n_action_steps,
-                   corruption=corruption_tag(corruptions))
+                   corruption=corruption_tag(inference.corruption))
     if out_dir is not None:
         _write_summary(out_dir, summary)
     return summary
@@ -311,8 +267,6 @@ def format_summary(s: dict) -> str:
     return line
 
 
-
-
 def run(cfg: RolloutConfig) -> dict:
     """What ``rollout.py`` does with a RolloutConfig: evaluate, print the summary line and paths."""
     import sys
@@ -323,18 +277,15 @@ def run(cfg: RolloutConfig) -> dict:
         print(f"warning: seed={cfg.seed} is below {EVAL_SEED_START}: these initial states may overlap the demonstrations",
               file=sys.stderr)
     ckpt = resolve_checkpoint(cfg.checkpoint)
-    inference = cfg.overrides()
-    options = {k: v for k, v in dataclasses.asdict(inference).items() if k != "corruption"}
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(ckpt, cfg.seed, {**options, "max_steps": cfg.max_steps,
-                                                                                      "n": cfg.num_episodes,
-                                                                                      "corruption": corruption_tag(inference.corruption)})
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else rollout_out_dir(cfg, ckpt)
     written = WrittenFiles(out_dir)
     try:
         summary = evaluate_checkpoint(ckpt, num_episodes=cfg.num_episodes, seed=cfg.seed, workers=cfg.workers, out_dir=out_dir,
                                       device=pick_device(cfg.device), num_videos=cfg.num_videos, max_steps=cfg.max_steps,
-                                      overwrite=cfg.overwrite, inference=inference)
+                                      overwrite=cfg.overwrite, inference=cfg.overrides())
     except KeyboardInterrupt:
         raise written.interrupted() from None
     print(format_summary(summary))
-    print(f"summary: {out_dir / 'summary.json'}" + (f"  videos: {out_dir / 'videos'}" if cfg.num_videos else ""))
+    videos = f"  videos: {out_dir / 'videos'} (what the policy saw)" if "videos" in summary else ""
+    print(f"summary: {out_dir / 'summary.json'}{videos}")
     return summary

@@ -46,6 +46,9 @@ IN_POLICY_CONFIG = ("policy", "attention")  # the run's settings policy_config h
 TASK_FACTS = ("input_shapes", "action_dim", "crop_size")
 # the first bytes of what torch.save writes (a zip archive, or a bare pickle of protocol 2 and up)
 PICKLE_MAGIC = {b"PK\x03\x04": "torch.save (zip) file", b"\x80": "pickle"}
+# a safetensors file: the header's length as 8 little-endian bytes, then the JSON header itself; its first
+# byte is 0x80 whenever that length is 128 mod 256, so the JSON's opening brace is what tells it from a pickle
+SAFETENSORS_HEADER_START = 8
 
 
 # --- nested python state <-> (flat tensors, JSON skeleton) -------------------------------------
@@ -321,8 +324,10 @@ def _pickle_kind(path: Path) -> str | None:
     """What kind of pickle ``path`` holds, by its first bytes (None: not one, or unreadable)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(max(map(len, PICKLE_MAGIC)))
+            head = f.read(SAFETENSORS_HEADER_START + 1)
     except OSError:
+        return None
+    if head[SAFETENSORS_HEADER_START:] == b"{":
         return None
     return next((kind for magic, kind in PICKLE_MAGIC.items() if head.startswith(magic)), None)
 

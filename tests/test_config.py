@@ -29,21 +29,26 @@ def test_no_two_recipe_files_say_the_same_thing():
     assert len(files) > 10 and not same, same
 
 
+def _recipe_report(overrides: list[str]) -> list[str]:
+    from core.config import compose_dict, recipe_report
+
+    composed = compose_dict("config", overrides, with_hydra=True)
+    choices = dict(composed.hydra.runtime.choices)
+    return recipe_report(choices, list(composed.hydra.overrides.task), compose("config", overrides).task)
+
+
 def test_training_says_which_recipe_pieces_applied_and_what_they_changed_in_the_task():
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from core.config import recipe_report, register_configs
-
-    register_configs()
-    overrides = ["task=lift", "policy=bc", "attention=full"]
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        choices = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True).hydra.runtime.choices
-    assert recipe_report(dict(choices), overrides) == [
+    assert _recipe_report(["task=lift", "policy=bc", "attention=full"]) == [
         "recipe pieces: recipe/cpu, recipe/pair/cpu/lift_bc, recipe/task/cpu/lift",
         "recipe changed task.crop_size: 76 -> 84",
         "recipe changed task.input_shapes.robot0_eye_in_hand_image: [3, 84, 84] -> None",
     ]
+    # what the command line sets is the user's, not the recipe's; recipe=none changes nothing
+    assert _recipe_report(["task=lift", "policy=bc", "attention=full", "task.crop_size=60"]) == [
+        "recipe pieces: recipe/cpu, recipe/pair/cpu/lift_bc, recipe/task/cpu/lift",
+        "recipe changed task.input_shapes.robot0_eye_in_hand_image: [3, 84, 84] -> None",
+    ]
+    assert _recipe_report(["task=lift", "policy=bc", "recipe=none"]) == ["recipe pieces: recipe/none"]
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -130,14 +135,14 @@ def test_rollout_and_generate_parse_like_training():
 
 
 def test_the_photometric_augmentation_preset_is_what_the_augmentation_rows_trained():
-    from studies.claims import AUGMENT
+    from studies.evidence import AUGMENT
     from studies.records import PAPERS_SETTING
 
     base = ["task=lift", "policy=bc", "attention=fibottention"]
     default = compose("config", base)  # recipe=cpu, which includes the preset since the augmentation rows
-    assert default == compose("config", [*base, "recipe=cpu", *AUGMENT.split()])
+    assert default == compose("config", [*base, "recipe=cpu", *(f"{k}={v}" for k, v in AUGMENT.items())])
     assert (default.policy.image_aug.brightness, default.policy.image_aug.contrast) == (0.3, 0.5)
-    papers = compose("config", [*base, *PAPERS_SETTING])  # what every study cell trains
+    papers = compose("config", [*base, *(f"{k}={v}" for k, v in PAPERS_SETTING.items())])  # what every study cell trains
     assert (papers.policy.image_aug.brightness, papers.policy.image_aug.contrast) == (0.0, 0.0)
     assert compose("config", [*base, "recipe=paper"]).policy.image_aug.brightness == 0.0
     assert compose("config", [*base, "recipe=paper", "+recipe/preset@_global_=photometric_aug"]).policy.image_aug.contrast == 0.5

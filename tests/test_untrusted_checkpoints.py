@@ -173,6 +173,19 @@ def test_a_pickle_named_safetensors_is_never_unpickled(tmp_path, timm_checkpoint
     assert "\n" not in str(err.value)
 
 
+def test_a_safetensors_file_whose_header_length_starts_like_a_pickle_loads(tmp_path):
+    """Its first byte is the header length's low byte: 0x80 (a pickle's first byte) for 1 length in 256."""
+    from policies.checkpoint import _load_tensors
+
+    path, tensors = tmp_path / "model.safetensors", {"w": torch.arange(6.0).reshape(2, 3)}
+    for pad in range(256):  # the metadata's length moves the header's length through every value mod 256
+        save_file(tensors, str(path), metadata={"pad": "x" * pad})
+        if path.read_bytes()[0] == 0x80:
+            break
+    assert path.read_bytes()[0] == 0x80
+    assert torch.equal(_load_tensors(path)["w"], tensors["w"])
+
+
 def test_weights_of_other_shapes_name_the_first_tensor_and_both_shapes(tmp_path, timm_checkpoint):
     ckpt = shutil.copytree(timm_checkpoint, tmp_path / "ckpt")
     state = {k: v.clone() for k, v in load_file(str(ckpt / "model.safetensors")).items()}

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .masks import KINDS, LOOKHERE_DIRECTIONS, make_pattern
+from .masks import KINDS, LOOKHERE_DIRECTIONS, make_pattern, settings_of
 from .sparse import AttentionCache, can_run, choose_impl, sparse_attend
 
 IMPLS = ("dense", "sparse", "auto")
@@ -95,25 +95,10 @@ class AttentionConfig:
             raise ValueError(f"attention.undirected_fraction must be in [0, 1), got {self.undirected_fraction}")
 
     def pattern_options(self) -> dict:
-        """The settings of this ``kind``, as ``masks.make_pattern`` takes them."""
-        if self.kind == "fibottention":
-            offset_grid = tuple(self.offset_grid) if self.offset_grid else None
-            return dict(modified=self.modified, w_min=self.w_min, w_max=self.w_max, shuffle=self.shuffle,
-                        offset_grid=offset_grid, windows=self.windows)
-        if self.kind == "lookhere":
-            return dict(
-                variant=self.variant,
-                global_slope=self.global_slope,
-                undirected_fraction=self.undirected_fraction,
-                undirected_slope=self.undirected_slope,
-                undirected_slope_ratio=self.undirected_slope_ratio,
-                rotate_directions=self.rotate_directions,
-                first_layer_slope=self.first_layer_slope,
-                last_layer_slope=self.last_layer_slope,
-            )
-        if self.kind == "bigbird":
-            return dict(band=self.band, random_per_row=self.random_per_row)
-        return {}
+        """The settings of this ``kind`` (``masks.settings_of``), as ``masks.make_pattern`` takes them
+        (lists as tuples: a pattern is hashable, part of the cache keys)."""
+        values = {name: getattr(self, name) for name in settings_of(self.kind)}
+        return {name: tuple(v) if isinstance(v, list) else v for name, v in values.items()}
 
     def pattern(self, num_heads: int, layer: int, depth: int):
         """The frozen pattern of one layer (hashable: it is part of the cache keys)."""

@@ -13,7 +13,7 @@ Run ``python -m policies.vision.masks KIND --grid 14x14 --heads 12 --json`` to i
 from __future__ import annotations
 
 import math
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, MISSING, dataclass, fields
 
 import torch
 
@@ -369,7 +369,15 @@ class BigBirdPattern:
         return _embed_patch_bias(patch, num_prefix)
 
 
-KINDS = ("full", "fibottention", "lookhere", "bigbird")
+PATTERNS = {"full": FullPattern, "fibottention": FibottentionPattern, "lookhere": LookHerePattern,
+            "bigbird": BigBirdPattern}
+KINDS = tuple(PATTERNS)
+
+
+def settings_of(kind: str) -> tuple[str, ...]:
+    """The attention settings ``kind`` owns: its pattern's required keyword fields (the rule above the
+    pattern classes), so a new setting is owned by the kind whose pattern takes it, and nothing else says so."""
+    return tuple(f.name for f in fields(PATTERNS[kind]) if f.kw_only and f.default is MISSING)
 
 
 def make_pattern(kind: str, num_heads: int, layer: int = 0, depth: int = 1, **options):
