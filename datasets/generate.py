@@ -29,6 +29,7 @@ import numpy as np
 from omegaconf import MISSING
 
 from envs.factory import EVAL_SEED_START, ctrl_c_deferred, worker_context
+from envs.scene_shifts import TRAINING_RANGE, SceneRandomization, parse_scene_randomization, scene_randomization_for
 
 from common.ownership import Owner, contents
 from common.resources import is_no_room, no_room
@@ -57,12 +58,23 @@ class GenerateConfig:
     overwrite: bool = False
     max_attempts: Optional[int] = None  # default 2 * num_episodes + EXTRA_ATTEMPTS
     image_size: Optional[int] = None  # camera size (default: the environment's)
+    # frames rendered under a scene drawn per episode from its seed (envs/scene_shifts.py, the evaluation's
+    # shifts): scene kinds, e.g. [lighting,colour,camera] or all (every kind the task renders); none: clean
+    scene_randomization: Optional[Any] = None
+    # each kind's severity is drawn uniformly in [0, this] (1-3); an evaluation severity above it is out of range
+    scene_randomization_max: int = TRAINING_RANGE
 
     def __post_init__(self):
         for name, low in (("num_episodes", 1), ("workers", 1), ("max_attempts", 1), ("image_size", 1), ("seed", 0)):
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        task = getattr(self.task, "name", self.task)
+        if isinstance(task, str) and task in TASKS:  # at composition: refused before any environment starts
+            parse_scene_randomization(self.scene_randomization, self.scene_randomization_max, task)
+
+    def randomization(self) -> SceneRandomization | None:
+        return parse_scene_randomization(self.scene_randomization, self.scene_randomization_max, self.task.name)
 
 
 def _is_dataset(out: Path, task: str) -> bool:
@@ -93,9 +105,11 @@ def check_out(out: Path, task: str, overwrite: bool) -> None:
 
 
 def _collect(job):
-    task, seed, image_size = job
+    task, seed, image_size, randomization = job
     module = importlib.import_module(TASKS[task])
     kwargs = {} if image_size is None else {"image_size": image_size}
+    if randomization is not None:
+        kwargs["scene_randomization"] = randomization
     try:
         return seed, module.collect_episode(seed, **kwargs), None
     except Exception as exc:  # one broken episode must not kill a long generation run
@@ -103,14 +117,19 @@ def _collect(job):
 
 
 def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int = 0, overwrite: bool = False,
-             max_attempts: int | None = None, image_size: int | None = None, progress: bool = True) -> dict:
+             max_attempts: int | None = None, image_size: int | None = None, progress: bool = True,
+             scene_randomization: SceneRandomization | None = None) -> dict:
     """Run the task's scripted expert on seeds ``seed, seed+1, ...`` until ``num_episodes`` succeed,
-    write them to ``out`` and return the report (also stored in the dataset's attributes)."""
+    write them to ``out`` and return the report (also stored in the dataset's attributes).
+    ``scene_randomization``: every episode's frames are rendered in a scene drawn from its seed (the
+    expert's actions and states are the clean scene's), recorded as ``scene_randomization`` in the
+    dataset's attributes."""
     out = Path(out)
+    randomization = scene_randomization_for(scene_randomization, task) if task in TASKS else None
     max_attempts = _check_request(task, num_episodes, out, overwrite, seed, max_attempts)
     t0 = time.perf_counter()
     kept, failed, errors = _collect_episodes(task, num_episodes, range(seed, seed + max_attempts), image_size,
-                                             workers, progress)
+                                             workers, progress, randomization)
     seconds = time.perf_counter() - t0
     if len(kept) < num_episodes:
         raise RuntimeError(
@@ -119,6 +138,8 @@ def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int =
         )
     infos = [ep.pop("info", {}) for ep in kept]  # the per-episode info goes to the report, not the arrays
     report = _report(task, kept, infos, len(failed), seconds, seed)
+    if randomization is not None:
+        report["scene_randomization"] = randomization.attrs()
     try:
         _write(task, out, kept, infos, report, overwrite, image_size)
     except OSError as exc:  # the writers leave nothing partial (a temporary name, renamed at the end)
@@ -146,11 +167,12 @@ def _check_request(task: str, num_episodes: int, out: Path, overwrite: bool, see
     return max_attempts
 
 
-def _collect_episodes(task: str, num_episodes: int, seeds, image_size: int | None, workers: int, progress: bool):
+def _collect_episodes(task: str, num_episodes: int, seeds, image_size: int | None, workers: int, progress: bool,
+                      randomization: SceneRandomization | None):
     """(kept episodes, failed seeds, error lines): the first ``num_episodes`` successes in seed order."""
     from tqdm import tqdm
 
-    jobs = [(task, s, image_size) for s in seeds]
+    jobs = [(task, s, image_size, randomization) for s in seeds]
     kept, failed, errors = [], [], []
     pool, bar = None, None
     try:
@@ -192,12 +214,17 @@ def _report(task: str, kept: list, infos: list, num_failed: int, seconds: float,
 
 def _write(task: str, out: Path, kept: list, infos: list, report: dict, overwrite: bool, image_size: int | None) -> None:
     """The task's format: a PushT zarr replay buffer, or a robomimic hdf5 file with the environment's
-    metadata (robomimic rebuilds the environment from it), marked as generated here."""
+    metadata (robomimic rebuilds the environment from it), marked as generated here. A randomised generation
+    adds ``scene_randomization`` (the report's: kinds, max severity) to the attributes: readers of before
+    read the rest as ever."""
+    randomization = _randomization_record(report, infos)
     check_out(out, task, overwrite)  # again: out may have changed while the episodes ran
     if task == "pusht":
         from .zarr_replay import write_pusht_zarr
 
         attrs = {"task": task, "generator": GENERATOR, "seeds": [i.get("seed") for i in infos], "report": report}
+        if randomization is not None:
+            attrs["scene_randomization"] = randomization
         write_pusht_zarr(out, kept, overwrite=overwrite, attrs=attrs, owner=GENERATE)
         return
     from envs.robosuite_tasks import RobosuiteEnv
@@ -210,12 +237,27 @@ def _write(task: str, out: Path, kept: list, infos: list, report: dict, overwrit
         env_meta = env.env_meta()
     finally:
         env.close()
-    write_robomimic_hdf5(out, kept, env_meta, overwrite=overwrite, attrs={GENERATED_BY: GENERATE.command})
+    attrs = {GENERATED_BY: GENERATE.command}
+    if randomization is not None:  # a JSON string, as robomimic stores env_args: hdf5 attributes hold no dicts
+        attrs["scene_randomization"] = json.dumps(randomization)
+    write_robomimic_hdf5(out, kept, env_meta, overwrite=overwrite, attrs=attrs)
+
+
+def _randomization_record(report: dict, infos: list) -> dict | None:
+    """A randomised dataset's ``scene_randomization`` attribute: the report's (kinds, max severity) and each
+    episode's seed and drawn severities, in the order of the episodes (an hdf5 demo records no seed)."""
+    if "scene_randomization" not in report:
+        return None
+    meta = report["scene_randomization"]
+    randomization = SceneRandomization(tuple(meta["kinds"]), meta["max_severity"])
+    episodes = [{"seed": i["seed"], **{kind: round(float(level), 4) for kind, level, _ in randomization.draw(i["seed"])}}
+                for i in infos]
+    return {**meta, "episodes": episodes}
 
 
 def run(cfg: GenerateConfig) -> dict:
     """What generate_demos.py does with a GenerateConfig: generate, print the report."""
     report = generate(cfg.task.name, cfg.num_episodes, cfg.out, workers=cfg.workers, seed=cfg.seed, overwrite=cfg.overwrite,
-                      max_attempts=cfg.max_attempts, image_size=cfg.image_size)
+                      max_attempts=cfg.max_attempts, image_size=cfg.image_size, scene_randomization=cfg.randomization())
     print(json.dumps(report, indent=2))
     return report

@@ -38,9 +38,12 @@ from .scene_shifts import (
     PUSHT_MOVE_PX,
     PUSHT_TURN_DEG,
     PUSHT_ZOOM,
+    at_severity,
+    check_one_scene_source,
     either_way,
     mixed_colour,
-    scene_random_state,
+    scene_draws,
+    scene_randomization_for,
 )
 
 WORKSPACE = 512.0
@@ -136,19 +139,20 @@ class PushTScene:
     zoom: float = 1.0
 
 
-def pusht_scene(shifts, seed: int | None) -> PushTScene | None:
-    """The drawing of an episode under scene shifts ``[(kind, severity), ...]`` (colour, camera), drawn
-    from the episode seed; None when there are none."""
+def pusht_scene(draws) -> PushTScene | None:
+    """The drawing of an episode under ``envs.scene_shifts.scene_draws``'s ``[(kind, severity, generator),
+    ...]`` (colour, camera; a severity between the whole ones interpolates the tables); None when there are none."""
     fields = {}
-    for kind, severity in shifts:
-        rs, i = scene_random_state(seed, kind, severity), severity - 1
+    for kind, severity, rs in draws:
         if kind == "colour":
-            fields.update(background=mixed_colour(BACKGROUND_RGB, COLOUR_MIX[i], rs),
-                          goal=mixed_colour(GOAL_RGB, COLOUR_MIX[i], rs), block=mixed_colour(BLOCK_RGB, COLOUR_MIX[i], rs))
+            mix = at_severity(COLOUR_MIX, severity)
+            fields.update(background=mixed_colour(BACKGROUND_RGB, mix, rs),
+                          goal=mixed_colour(GOAL_RGB, mix, rs), block=mixed_colour(BLOCK_RGB, mix, rs))
         elif kind == "camera":
-            angle = rs.uniform(0.0, 2.0 * math.pi)
-            fields.update(move=(PUSHT_MOVE_PX[i] * math.cos(angle), PUSHT_MOVE_PX[i] * math.sin(angle)),
-                          turn_deg=either_way(rs) * PUSHT_TURN_DEG[i], zoom=PUSHT_ZOOM[i] ** either_way(rs))
+            angle, move = rs.uniform(0.0, 2.0 * math.pi), at_severity(PUSHT_MOVE_PX, severity)
+            fields.update(move=(move * math.cos(angle), move * math.sin(angle)),
+                          turn_deg=either_way(rs) * at_severity(PUSHT_TURN_DEG, severity),
+                          zoom=at_severity(PUSHT_ZOOM, severity, clean=1.0) ** either_way(rs))
     return PushTScene(**fields) if fields else None
 
 
@@ -202,6 +206,8 @@ class PushTEnv(gym.Env):
         render_size: side of the frames ``render()`` returns (for videos; the agent's target is drawn on them).
         scene_shifts: scene shifts ``[(kind, severity), ...]`` (colour, camera; ``envs.scene_shifts``) drawn in
             every episode from ``reset(seed=...)`` on, from that seed; the episode's state is the clean one's.
+        scene_randomization: an ``envs.scene_shifts.SceneRandomization`` (demonstrations): every episode from
+            ``reset(seed=...)`` on is drawn in a scene drawn from its seed, each kind at a severity in [0, max].
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
@@ -214,9 +220,12 @@ class PushTEnv(gym.Env):
         render_size: int = 256,
         render_mode: str = "rgb_array",
         scene_shifts=(),
+        scene_randomization=None,
     ):
         super().__init__()
+        self.scene_randomization = None
         self.set_scene_shifts(scene_shifts)
+        self.set_scene_randomization(scene_randomization)
         self.image_size = int(image_size)
         self.max_episode_steps = int(max_episode_steps)
         self.success_threshold = float(success_threshold)
@@ -255,7 +264,7 @@ class PushTEnv(gym.Env):
         super().reset(seed=seed)
         # drawn from the seed by a generator of its own before gym-pusht draws the first frame; the state is
         # gym-pusht's from the same seed, as in the clean episode
-        self._env.scene = pusht_scene(self.scene_shifts, seed)
+        self._env.scene = pusht_scene(scene_draws(self.scene_shifts, seed, self.scene_randomization))
         raw, _ = self._env.reset(seed=seed, options=opts)
         self._install_contact_counter()
         self._elapsed = 0
@@ -293,7 +302,16 @@ class PushTEnv(gym.Env):
         """Scene shifts ``[(kind, severity), ...]`` (or ``["colour:2", ...]``) for the episodes from the next
         ``reset(seed=...)`` on; ``[]``: clean. Refused in one line: a pixel corruption (the caller applies those
         to observations) or a kind PushT cannot draw (lighting)."""
-        self.scene_shifts = parse_scene_shifts(shifts, "pusht")
+        shifts = parse_scene_shifts(shifts, "pusht")
+        check_one_scene_source(shifts, self.scene_randomization)
+        self.scene_shifts = shifts
+
+    def set_scene_randomization(self, randomization) -> None:
+        """Scenes drawn per episode (``envs.scene_shifts.SceneRandomization``) from the next ``reset(seed=...)``
+        on; None: clean. Refused in one line: a kind PushT cannot draw (lighting), a max severity outside 1-3."""
+        randomization = scene_randomization_for(randomization, "pusht")
+        check_one_scene_source(self.scene_shifts, randomization)
+        self.scene_randomization = randomization
 
     # ------------------------------------------------------------------ helpers
     @property

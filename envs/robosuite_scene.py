@@ -28,8 +28,8 @@ from .scene_shifts import (
     LIGHT_AMBIENT_ADD,
     LIGHT_DIFFUSE_FACTOR,
     LIGHT_TILT_DEG,
+    at_severity,
     either_way,
-    scene_random_state,
     unit_vector,
 )
 
@@ -122,13 +122,14 @@ class RobosuiteScene:
             self._refresh()
         self._changed = tuple(kind for kind in self._changed if kind in keep)
 
-    def apply(self, shifts, seed: int | None) -> None:
-        for kind, severity in shifts:
-            rs = scene_random_state(seed, kind, severity)  # refuses a missing seed before anything changes
+    def apply(self, draws) -> None:
+        """``envs.scene_shifts.scene_draws``'s ``[(kind, severity, generator), ...]`` (drawn first: a missing
+        seed is refused before anything changes); a severity between the whole ones interpolates the tables."""
+        for kind, severity, rs in draws:
             modder = self._modder(kind)
             if kind not in self._changed:  # listed before it changes: the next restore undoes even half an apply
                 self._changed += (kind,)
-            getattr(self, f"_{kind}")(modder, severity - 1, rs)
+            getattr(self, f"_{kind}")(modder, severity, rs)
         self._refresh()
 
     def _refresh(self) -> None:
@@ -136,29 +137,30 @@ class RobosuiteScene:
         mujoco.mj_camlight(self.sim.model._model, self.sim.data._data)
 
     @staticmethod
-    def _lighting(m, i: int, rs) -> None:
+    def _lighting(m, severity: float, rs) -> None:
         for name in m.light_names:
-            turn = T.quat2mat(T.axisangle2quat(unit_vector(rs) * np.radians(LIGHT_TILT_DEG[i])))
+            turn = T.quat2mat(T.axisangle2quat(unit_vector(rs) * np.radians(at_severity(LIGHT_TILT_DEG, severity))))
             m.set_dir(name, turn @ m._defaults[name]["dir"])
-            factor = LIGHT_DIFFUSE_FACTOR[i] ** either_way(rs)
+            factor = at_severity(LIGHT_DIFFUSE_FACTOR, severity, clean=1.0) ** either_way(rs)
             m.set_diffuse(name, m._defaults[name]["diffuse"] * factor)
-            m.set_ambient(name, m._defaults[name]["ambient"] + LIGHT_AMBIENT_ADD[i])
+            m.set_ambient(name, m._defaults[name]["ambient"] + at_severity(LIGHT_AMBIENT_ADD, severity))
 
     @staticmethod
-    def _camera(m, i: int, rs) -> None:
+    def _camera(m, severity: float, rs) -> None:
         for name in m.camera_names:
             d = m._defaults[name]
-            m.set_pos(name, d["pos"] + unit_vector(rs) * CAMERA_MOVE_M[i])
-            turn = T.quat2mat(T.axisangle2quat(unit_vector(rs) * np.radians(CAMERA_TURN_DEG[i])))
+            m.set_pos(name, d["pos"] + unit_vector(rs) * at_severity(CAMERA_MOVE_M, severity))
+            turn = T.quat2mat(T.axisangle2quat(unit_vector(rs) * np.radians(at_severity(CAMERA_TURN_DEG, severity))))
             base = T.quat2mat(T.convert_quat(d["quat"], to="xyzw"))
             m.set_quat(name, T.convert_quat(T.mat2quat(turn @ base), to="wxyz"))
-            m.set_fovy(name, d["fovy"] + either_way(rs) * CAMERA_FOVY_DEG[i])
+            m.set_fovy(name, d["fovy"] + either_way(rs) * at_severity(CAMERA_FOVY_DEG, severity))
 
     @staticmethod
-    def _colour(m, i: int, rs) -> None:
+    def _colour(m, severity: float, rs) -> None:
         m.random_state = rs
+        mix = at_severity(COLOUR_MIX, severity)
         for name in m.geom_names:
             # set_rgb(perturb=True)'s mix, (1 - mix) * texture + mix * colour, in float32: its float64 over
             # Lift's 1-2 Mpx textures took most of a second per episode
-            colour = m.get_rand_rgb().astype(np.float32) * COLOUR_MIX[i]
-            m.set_texture(name, m._defaults[name]["texture"] * np.float32(1.0 - COLOUR_MIX[i]) + colour)
+            colour = m.get_rand_rgb().astype(np.float32) * mix
+            m.set_texture(name, m._defaults[name]["texture"] * np.float32(1.0 - mix) + colour)

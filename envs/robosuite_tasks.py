@@ -39,6 +39,7 @@ from robosuite.controllers.composite.composite_controller_factory import (  # no
 
 from .corruptions import parse_scene_shifts  # noqa: E402
 from .robosuite_scene import RobosuiteScene  # noqa: E402
+from .scene_shifts import check_one_scene_source, scene_draws, scene_randomization_for  # noqa: E402
 
 # robosuite warns at every environment build about controller parts the Panda lacks (legs, head...)
 logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
@@ -105,6 +106,9 @@ class RobosuiteEnv(gym.Env):
         scene_shifts: scene shifts ``[(kind, severity), ...]`` (``envs.scene_shifts``: lighting, colour,
             camera) rendered in every episode from ``reset(seed=...)`` on, drawn from that seed; the episode's
             state is the clean episode's. ``set_scene_shifts`` changes them for the next reset.
+        scene_randomization: an ``envs.scene_shifts.SceneRandomization`` (demonstrations): every episode from
+            ``reset(seed=...)`` on renders a scene drawn from its seed, each kind at a severity in [0, max];
+            the state is the clean episode's. ``set_scene_randomization`` changes it for the next reset.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
@@ -124,11 +128,14 @@ class RobosuiteEnv(gym.Env):
         render_size: int | None = None,
         seed: int | None = None,
         scene_shifts=(),
+        scene_randomization=None,
     ):
         super().__init__()
         self.task = _task_name(task)
         self._scene = None  # robosuite's modders (envs/robosuite_scene.py), made when a scene shift is first applied
+        self.scene_randomization = None
         self.set_scene_shifts(scene_shifts)
+        self.set_scene_randomization(scene_randomization)
         self.env_name = TASK_TO_ENV_NAME[self.task]
         if isinstance(cameras, str):
             cameras = (cameras,)
@@ -156,7 +163,16 @@ class RobosuiteEnv(gym.Env):
         """Scene shifts ``[(kind, severity), ...]`` (or ``["lighting:2", ...]``) for the episodes from the next
         ``reset(seed=...)`` on; ``[]``: clean. Refused in one line: a pixel corruption (the caller applies
         those to observations) or a kind this task cannot render."""
-        self.scene_shifts = parse_scene_shifts(shifts, self.task)
+        shifts = parse_scene_shifts(shifts, self.task)
+        check_one_scene_source(shifts, self.scene_randomization)
+        self.scene_shifts = shifts
+
+    def set_scene_randomization(self, randomization) -> None:
+        """Scenes drawn per episode (``envs.scene_shifts.SceneRandomization``) from the next ``reset(seed=...)``
+        on; None: clean. Refused in one line: a kind this task cannot render, a max severity outside 1-3."""
+        randomization = scene_randomization_for(randomization, self.task)
+        check_one_scene_source(self.scene_shifts, randomization)
+        self.scene_randomization = randomization
 
     def _check_cameras(self) -> None:
         names = set(self._env.sim.model.camera_names)
@@ -303,14 +319,15 @@ class RobosuiteEnv(gym.Env):
             # robosuite shares one Generator between the env, its placement samplers and robot init
             # noise: reseed it in place so every holder sees the new stream
             self._env.rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
+        # from generators of their own (a missing seed is refused here, before anything changes)
+        draws = scene_draws(self.scene_shifts, seed, self.scene_randomization) if shifted else []
         if self._scene is not None:  # no shift of an earlier episode outlives it
-            self._scene.restore(keep=[kind for kind, _ in self.scene_shifts] if shifted else ())
+            self._scene.restore(keep=[kind for kind, _, _ in draws])
         self._env.reset()
-        if shifted and self.scene_shifts:
-            # after the state is set, and from generators of their own: the state is the clean episode's
+        if draws:  # after the state is set: the state is the clean episode's
             if self._scene is None:
                 self._scene = RobosuiteScene(self._env.sim, self.task)
-            self._scene.apply(self.scene_shifts, seed)
+            self._scene.apply(draws)
         self._steps = 0
         self._needs_reset = False
         return self._get_obs()

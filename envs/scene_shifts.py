@@ -9,17 +9,30 @@ light tilts, the camera moves, the colour it mixes towards) is drawn from a gene
 from exactly the state of the clean episode of the same seed, and the same seed shows the same scene.
 
 The environments apply them (``RobosuiteEnv`` / ``PushTEnv`` ``scene_shifts=[(kind, severity), ...]`` or
-``set_scene_shifts``), restoring the clean scene at every reset. Lift and Can use robosuite's own
+``set_scene_shifts``), restoring the clean scene at every reset.
+
+Randomised demonstrations (``generate_demos.py scene_randomization=[...]``) go through the same drawing
+with a continuous severity: ``SceneRandomization`` draws, per episode and kind, a severity uniformly in
+[0, max_severity] and the magnitudes in between the tables' are interpolated (``at_severity``; 0 is the
+clean scene). ``TRAINING_RANGE`` is the max_severity the recipe's randomised demonstrations use: an
+evaluation severity above it is out of the training range. Lift and Can use robosuite's own
 modders (``envs/robosuite_scene.py``), PushT its own drawing (``envs/pusht.py``). This module holds the
 tables and the draws only: it imports neither simulator.
 """
 from __future__ import annotations
 
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
 SCENE_SEVERITIES = (1, 2, 3)
+# randomised demonstrations draw each kind's severity up to this by default: severities 1-2 are in the
+# training range, 3 is out of it (the studies read this to keep the two apart in their tables)
+TRAINING_RANGE = 2
+# the severity word of a randomised episode's generator (scene_random_state): the fixed severities are 1-3,
+# so a randomised scene never draws the directions of an evaluation shift of the same seed
+RANDOMISED_STREAM = 0
 # kind -> the tasks that can render it (PushT is drawn in 2-D without a light)
 SCENE_KINDS = {"lighting": ("lift", "can"), "colour": ("lift", "can", "pusht"), "camera": ("lift", "can", "pusht")}
 
@@ -34,6 +47,14 @@ COLOUR_MIX = (0.2, 0.45, 0.75)  # each coloured surface mixed this far towards a
 PUSHT_MOVE_PX = (6.0, 15.0, 35.0)  # PushT's view moves by this, of its 512 px, in a random direction
 PUSHT_TURN_DEG = (1.0, 2.5, 5.0)  # and turns by this, either way
 PUSHT_ZOOM = (1.03, 1.07, 1.15)  # and zooms in by this or out by its inverse (drawn)
+
+
+def at_severity(table, severity: float, clean: float = 0.0) -> float:
+    """The magnitude of ``table`` (its values at severities 1, 2, 3) at ``severity``: exactly the table's at
+    a whole severity, linear in between, and from ``clean`` (no change) at 0 up to severity 1."""
+    if float(severity).is_integer() and int(severity) in SCENE_SEVERITIES:
+        return table[int(severity) - 1]
+    return float(np.interp(severity, (0, *SCENE_SEVERITIES), (clean, *table)))
 
 
 def scene_kinds_of(task: str) -> tuple[str, ...]:
@@ -67,3 +88,85 @@ def mixed_colour(default, mix: float, rs: np.random.RandomState) -> tuple[int, i
     """An RGB colour (0-255) ``mix`` of the way from ``default`` to a drawn colour."""
     target = rs.uniform(0, 255, size=3)
     return tuple(int(round(c)) for c in (1.0 - mix) * np.asarray(default[:3], dtype=np.float64) + mix * target)
+
+
+def scene_draws(shifts, seed: int | None, randomization: "SceneRandomization | None" = None) -> list[tuple]:
+    """What an episode renders: ``[(kind, severity, generator), ...]`` for the fixed shifts ``[(kind,
+    severity), ...]`` of an evaluation, or for a randomised demonstration's kinds (a severity drawn in
+    [0, max_severity] first, then the directions from the same generator)."""
+    draws = [(kind, severity, scene_random_state(seed, kind, severity)) for kind, severity in shifts]
+    if randomization is not None:
+        draws += randomization.draw(seed)
+    return draws
+
+
+class SceneRandomization(NamedTuple):
+    """Scenes drawn per episode for demonstrations: each of ``kinds`` at a severity drawn uniformly in
+    [0, ``max_severity``] from the episode seed (a plain pair: it travels to generation workers)."""
+
+    kinds: tuple
+    max_severity: int = TRAINING_RANGE
+
+    def draw(self, seed: int | None) -> list[tuple]:
+        out = []
+        for kind in self.kinds:
+            rs = scene_random_state(seed, kind, RANDOMISED_STREAM)
+            out.append((kind, rs.uniform(0.0, self.max_severity), rs))
+        return out
+
+    def attrs(self) -> dict:
+        """What a dataset records (``scene_randomization`` in its attributes)."""
+        return {"kinds": list(self.kinds), "max_severity": int(self.max_severity),
+                "severity": f"uniform in [0, {self.max_severity}] per episode and kind, from the episode seed",
+                "training_range": f"severities 1-{self.max_severity} in range, above out of range"}
+
+
+def parse_scene_randomization(kinds, max_severity: int, task: str) -> SceneRandomization | None:
+    """``scene_randomization=`` and ``scene_randomization_max=`` of generate_demos.py: kinds as a list, one
+    kind, ``"lighting,colour"`` or ``"all"`` (every kind ``task`` renders); None or [] -> None (clean
+    scenes). Refused in one line (ValueError): an unknown kind, one the task cannot render, a kind twice, a
+    max severity outside 1-3."""
+    if isinstance(max_severity, bool) or not isinstance(max_severity, int) or max_severity not in SCENE_SEVERITIES:
+        raise ValueError(f"scene_randomization_max={max_severity!r}: give a severity "
+                         f"{SCENE_SEVERITIES[0]}-{SCENE_SEVERITIES[-1]} (default {TRAINING_RANGE})")
+    if kinds is None or kinds == [] or kinds == ():
+        return None
+    can = scene_kinds_of(task)
+    if isinstance(kinds, str):
+        kinds = can if kinds == "all" else [k.strip() for k in kinds.split(",")]
+    elif not isinstance(kinds, (list, tuple)) or not all(isinstance(k, str) for k in kinds):
+        raise ValueError(f"scene_randomization={kinds!r}: give scene kinds, e.g. scene_randomization=[{','.join(can)}] "
+                         "or scene_randomization=all")
+    for kind in kinds:
+        if kind not in SCENE_KINDS:
+            raise ValueError(f"scene_randomization={kind}: not a scene shift; the {task} task's: {', '.join(can)} "
+                             "(or scene_randomization=all)")
+        if kind not in can:
+            raise ValueError(f"scene_randomization={kind}: the {task} task cannot render a {kind} shift; "
+                             f"its scene shifts: {', '.join(can)}")
+    if len(set(kinds)) < len(kinds):
+        raise ValueError(f"scene_randomization: give each kind once, got {', '.join(kinds)}")
+    return SceneRandomization(tuple(kinds), int(max_severity))
+
+
+def in_training_range(kind: str, severity: int, randomization: SceneRandomization | None) -> bool:
+    """An evaluation shift ``kind:severity`` lies within what demonstrations randomised by ``randomization``
+    showed (its kind randomised, its severity at most the max); None (clean demonstrations): never."""
+    return randomization is not None and kind in randomization.kinds and severity <= randomization.max_severity
+
+
+def scene_randomization_for(randomization, task: str) -> SceneRandomization | None:
+    """An environment's ``scene_randomization=``: a ``SceneRandomization`` (or its ``(kinds, max_severity)``)
+    checked for ``task``; None: none."""
+    if randomization is None:
+        return None
+    kinds, max_severity = randomization
+    return parse_scene_randomization(list(kinds), max_severity, task)
+
+
+def check_one_scene_source(shifts, randomization) -> None:
+    """An episode renders fixed shifts (evaluation) or randomised scenes (demonstrations), never both: a kind
+    in both would be applied twice."""
+    if shifts and randomization is not None:
+        raise ValueError("scene_shifts and scene_randomization together: give scene_shifts to evaluate under a "
+                         "shift, scene_randomization to render demonstrations under drawn scenes, not both")

@@ -94,15 +94,17 @@ class _CanScript:
 
 
 def collect_episode(
-    seed: int, *, max_steps: int = 400, image_size: int = 84, cameras=DEFAULT_CAMERAS
+    seed: int, *, max_steps: int = 400, image_size: int = 84, cameras=DEFAULT_CAMERAS, scene_randomization=None
 ) -> dict | None:
     """One scripted PickPlaceCan demonstration from the initial state seeded by ``seed``.
 
     Returns None if the episode failed, else a dict: actions (T,7) float32, states (T,S) float64,
     rewards (T,), dones (T,), obs / next_obs: {key: (T, ...)}, model_file: str (xml),
-    info: {'seed', 'steps', 'seconds'}.
+    info: {'seed', 'steps', 'seconds'}. ``scene_randomization`` (``envs.scene_shifts.SceneRandomization``):
+    the frames are rendered in a scene drawn from ``seed``; the script reads the simulator, never a frame.
     """
     env = get_env("can", image_size, cameras)
+    env.set_scene_randomization(scene_randomization)  # the cached env keeps it: set it every episode
     return record_episode(env, seed, _CanScript, max_steps)  # a ScriptFn per episode
 
 

@@ -449,23 +449,26 @@ def _best_stop(costs, n_app: int, cost0: float) -> tuple[int, float]:
     return k, float(score[k])
 
 
-def collect_episode(seed: int, *, max_steps: int = 300, image_size: int = 96) -> dict | None:
+def collect_episode(seed: int, *, max_steps: int = 300, image_size: int = 96, scene_randomization=None) -> dict | None:
     """Run the expert from env.reset(seed=seed). Return None if it failed, else a dict of numpy arrays:
     img (T,S,S,3) uint8 (S = image_size), state (T,5) float32, action (T,2) float32, keypoint (T,9,2) float32,
     n_contacts (T,1) float32, and scalars under 'info': {'seed', 'steps', 'max_coverage', 'seconds'}.
-    Frame t holds the observation seen before action t (Diffusion Policy's layout)."""
-    out = run_episode(seed, max_steps=max_steps, image_size=image_size)
+    Frame t holds the observation seen before action t (Diffusion Policy's layout). ``scene_randomization``
+    (``envs.scene_shifts.SceneRandomization``): the frames are drawn in a scene drawn from ``seed``; the expert
+    plans on the simulator's state, never on a frame."""
+    out = run_episode(seed, max_steps=max_steps, image_size=image_size, scene_randomization=scene_randomization)
     if not out["info"]["success"]:
         return None
     out["info"] = {k: out["info"][k] for k in ("seed", "steps", "max_coverage", "seconds")}
     return out
 
 
-def run_episode(seed: int, *, max_steps: int = 300, image_size: int = 96, record: bool = True) -> dict:
+def run_episode(seed: int, *, max_steps: int = 300, image_size: int = 96, record: bool = True,
+                scene_randomization=None) -> dict:
     """Like ``collect_episode`` but always returns the dict; its info also holds ``success``, ``n_plans`` and
     ``cpu_seconds`` (process time, robust to a busy machine)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    env = PushTEnv(image_size=image_size, max_episode_steps=max_steps)
+    env = PushTEnv(image_size=image_size, max_episode_steps=max_steps, scene_randomization=scene_randomization)
     expert = PushTExpert(env, np.random.default_rng([int(seed), PLAN_STREAM]))
     obs, info = env.reset(seed=int(seed))
     imgs, states, actions, kps, contacts = [], [], [], [], []
