@@ -14,14 +14,12 @@ backward + AdamW per train step, median over interleaved rounds; latency: batch 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.policy_speed import Bench, build, cpu_model
+from benchmarks.policy_speed import Bench, build, cpu_model, write_report
 
 TASK, POLICY = "lift", "bc"
 # recipe=cpu's Lift observation (configs/recipe/task/cpu/lift.yaml, recipe/cpu.yaml) and BC's MLP head
@@ -87,13 +85,7 @@ def main(argv=None) -> None:
                 bench.latency_call()
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     rows = [{**row, **bench.summary(args.batch_size)} for row, bench in benches]
-    meta["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    md = to_markdown(rows, meta)
-    (out / f"{args.name}.md").write_text(md)
-    print(md)
+    write_report(args.out, args.name, meta, rows, to_markdown)
 
 
 if __name__ == "__main__":

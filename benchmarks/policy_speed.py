@@ -132,6 +132,17 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def write_report(out_dir, name: str, meta: dict, rows: list[dict], to_markdown) -> None:
+    """``out_dir/name.json`` (meta, with the load average after the run, and rows) and ``name.md``; prints the markdown."""
+    meta["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]  # a shared machine: say how shared it was
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    md = to_markdown(rows, meta)
+    (out / f"{name}.md").write_text(md)
+    print(md)
+
+
 def to_markdown(rows: list[dict], meta: dict) -> str:
     lines = [
         f"Policy speed on {meta['device']} ({meta['device_model']}), torch {meta['torch']}, "

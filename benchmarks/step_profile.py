@@ -34,18 +34,16 @@ run. Writes ``<out>/<name>.json`` and ``<out>/<name>.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.autograd.profiler import record_function
 
-from benchmarks.policy_speed import cpu_model, fake_batch
+from benchmarks.policy_speed import cpu_model, fake_batch, write_report
 from core.config import compose
 from policies.registry import make_policy
 from policies.vision.attention import Attention
@@ -380,13 +378,7 @@ def main(argv=None) -> None:
         })
         print(f"{s.spec}: plain {plain * 1e3:.0f} ms, {flops / 1e9:.2f} GFLOP, {flops / 1e9 / best:.1f} GFLOP/s (best step) "
               f"vs GEMM {max(gemm[shape]):.1f} (best) on {shape}", flush=True)
-    meta["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    md = to_markdown(rows, meta)
-    (out / f"{args.name}.md").write_text(md)
-    print(md)
+    write_report(args.out, args.name, meta, rows, to_markdown)
 
 
 if __name__ == "__main__":
