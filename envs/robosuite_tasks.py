@@ -61,8 +61,14 @@ class SimulationError(_rs_errors.SimulationError):
     """The MuJoCo simulation diverged or failed during ``step`` (the rollout should count a failure)."""
 
 
+# robosuite draws some of the model itself when it builds it (Lift's cube is 2.0-2.2 cm a side) and keeps it
+# (hard_reset=False): one seed for that draw, so every process and every pool worker builds the same model and
+# an episode seed means the same initial state everywhere (a clean run and its shifted pair included)
+MODEL_SEED = 0
+
+
 def _robosuite_kwargs(robot: str, offscreen: bool, control_freq: int, horizon: int, controller_config: dict | None,
-                      seed: int | None) -> dict:
+                      seed: int | None = MODEL_SEED) -> dict:
     """``robosuite.make``'s arguments (also what ``env_meta`` records, so robomimic can rebuild the env)."""
     if controller_config is None:
         controller_config = load_composite_controller_config(controller="BASIC", robot=robot)
@@ -147,7 +153,7 @@ class RobosuiteEnv(gym.Env):
         self.robot = robot
         self.render_mode = "rgb_array"
         self._env_kwargs = _robosuite_kwargs(robot, bool(self.cameras), int(control_freq), int(horizon),
-                                             controller_config, seed)
+                                             controller_config)  # ``seed`` seeds the first reset, not the model
         self._env = robosuite.make(self.env_name, **self._env_kwargs)
         self._render_ready = False
         if self.cameras:

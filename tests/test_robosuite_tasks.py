@@ -186,3 +186,18 @@ def test_convert_env_meta_v14_builds_env():
     obs, *_ = env.step(np.r_[0, 0, 1.0, 0, 0, 0, -1])
     assert obs["robot0_eef_pos"].shape == (3,)
     env.close()
+
+
+def test_every_process_builds_the_same_lift_cube_so_a_seed_means_one_initial_state():
+    """robosuite draws the cube's size when it builds the model: two builds (two processes, two pool workers,
+    a clean run and its shifted pair) must draw the same one, or one episode seed starts two different scenes."""
+    import subprocess
+    import sys
+
+    probe = ("import os; os.environ.setdefault('MUJOCO_GL', 'egl'); import numpy as np; "
+             "from envs.robosuite_tasks import RobosuiteEnv; e = RobosuiteEnv('lift', cameras=()); "
+             "o = e.reset(seed=100000)[0]; m = e._env.sim.model; "
+             "print(repr(m.geom_size[m.geom_name2id('cube_g0')].round(6).tolist() + o['object'][:3].round(6).tolist()))")
+    runs = [subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                           cwd=os.path.dirname(os.path.dirname(__file__))).stdout.strip().splitlines()[-1] for _ in range(2)]
+    assert runs[0] == runs[1]
