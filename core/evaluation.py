@@ -8,6 +8,7 @@ seeds below that.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import deque
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from envs.corruptions import corruption_tag, obs_corruptor
+from envs.corruptions import corruption_tag, obs_corruptor, parse_shifts, split_stages
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
 from policies.checkpoint import load_policy, read_checkpoint_meta, resolve_checkpoint
 
@@ -26,7 +27,7 @@ from .eval_folders import rollout_out_dir
 # OverrideError: what evaluate_checkpoint raises for an option the checkpoint cannot take (one line in the CLI)
 from .inference import OverrideError, policy_overrides
 from .preflight import WrittenFiles, check_output_dir, replace_file
-from .stats import wilson_interval
+from .stats import paired_difference, wilson_interval
 
 # what the videos show, as summary.json records it
 VIDEO_SHOWS = ("what the policy saw: its camera images side by side as it receives them (rendered at image_size, "
@@ -210,13 +211,33 @@ def _write_summary(out_dir: Path, summary: dict) -> None:
 
 def _observation_changes(inference: InferenceOverrides, image_keys: list[str], obs_transform=None) -> tuple[dict, Any]:
     """What ``inference`` changes in what the policy observes -> (options of every environment, the
-    transform of each observation): a corruption acts on the rendered frame; a change the simulator
-    renders (the scene) is an environment option."""
+    transform of each observation): a pixel corruption acts on the rendered frame; a scene shift
+    (lighting, colour, camera) is rendered by the simulator, drawn from each episode's seed, so the
+    initial states stay those of the clean run with the same seeds."""
     if not inference.corruption:  # parsed by InferenceOverrides
         return {}, obs_transform
     if obs_transform is not None:
         raise ValueError("give corruption= or obs_transform, not both")
-    return {}, obs_corruptor(inference.corruption, image_keys)
+    pixel, scene = split_stages(inference.corruption)
+    env_options = {"scene_shifts": tuple((s.kind, s.severity) for s in scene)} if scene else {}
+    return env_options, obs_corruptor(pixel, image_keys) if pixel else None
+
+
+def paired_with_clean(summary: dict, clean_dir: Path) -> dict | None:
+    """The shifted run against the clean run of the same checkpoint and seeds (one folder per evaluation,
+    ``rollout_out_dir``): per-episode pairs (clean, shifted) on the same initial state -> the drop with a
+    paired 95% interval; None when that clean run does not exist or covers other seeds."""
+    path = Path(clean_dir) / "summary.json"
+    if not path.exists():
+        return None
+    clean = {e["seed"]: e["success"] for e in json.loads(path.read_text()).get("episodes", [])}
+    shifted = {e["seed"]: e["success"] for e in summary["episodes"]}
+    if set(clean) != set(shifted):
+        return None
+    seeds = sorted(shifted)
+    d = paired_difference([float(shifted[s]) for s in seeds], [float(clean[s]) for s in seeds])
+    return {"clean": str(path), "episodes": len(seeds), "clean_success_rate": float(np.mean([clean[s] for s in seeds])),
+            "difference": d.mean, "difference_ci95": [d.lo, d.hi]}
 
 
 def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,
@@ -237,6 +258,8 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
                               f"replace it, or choose another out_dir=")
     if out_dir is not None:
         check_output_dir(out_dir, "out_dir")  # before the policy loads and an episode runs
+    # a scene kind the checkpoint's task cannot render is refused before the policy loads
+    parse_shifts(inference.corruption, task=meta["cfg"]["task"]["name"])
     changes, attn_over = policy_overrides(meta, inference)
     policy = load_policy(ckpt, device=device, **changes)
     task = from_dict(TaskConfig, meta["cfg"]["task"])
@@ -248,7 +271,8 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
     summary.update(checkpoint=str(ckpt), task=task.name, policy=meta["policy"],
                    attention=meta["policy_config"]["vit"]["attention"]["kind"], attention_overrides=attn_over,
                    seed_start=seed, image_size=inference.image_size, n_action_steps=policy.config.n_action_steps,
-                   corruption=corruption_tag(inference.corruption))
+                   corruption=corruption_tag(inference.corruption),
+                   corruptions=[[c.kind, c.severity] for c in parse_shifts(inference.corruption)])
     if out_dir is not None:
         _write_summary(out_dir, summary)
     return summary
@@ -285,6 +309,15 @@ def run(cfg: RolloutConfig) -> dict:
                                       overwrite=cfg.overwrite, inference=cfg.overrides())
     except KeyboardInterrupt:
         raise written.interrupted() from None
+    if cfg.corruption:  # the matched clean run: same checkpoint, seeds and options, no corruption
+        clean_dir = (out_dir.parent / "clean") if cfg.out_dir else rollout_out_dir(dataclasses.replace(cfg, corruption=None), ckpt)
+        paired = paired_with_clean(summary, clean_dir)
+        if paired is not None:
+            summary["paired"] = paired
+            _write_summary(out_dir, summary)
+            d = paired["difference_ci95"]
+            print(f"against the clean run on the same {paired['episodes']} initial states: "
+                  f"{100 * paired['difference']:+.0f} points [{100 * d[0]:+.0f}, {100 * d[1]:+.0f}] (paired)")
     print(format_summary(summary))
     videos = f"  videos: {out_dir / 'videos'} (what the policy saw)" if "videos" in summary else ""
     print(f"summary: {out_dir / 'summary.json'}{videos}")

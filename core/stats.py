@@ -76,6 +76,17 @@ def bootstrap_difference(a: list[np.ndarray], b: list[np.ndarray], n_boot: int =
     return Estimate(mean, float(lo), float(hi), min(len(a), len(b)), int(sum(map(len, a)) + sum(map(len, b))), p)
 
 
+def paired_difference(a, b, n_boot: int = 10000, seed: int = 0) -> Estimate:
+    """Mean of ``a - b`` over pairs (episode i of both runs starts from the same initial state), with a
+    95% interval from a bootstrap over the pairs: the pairing removes the initial states' own variance."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if d.size == 0:
+        raise ValueError("a paired difference needs at least one pair")
+    draws = d[np.random.default_rng(seed).integers(0, d.size, size=(n_boot, d.size))].mean(axis=1)
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return Estimate(float(d.mean()), float(lo), float(hi), 1, int(d.size))
+
+
 def verdict(diff: Estimate, claim_sign: int = 1, margin: float | None = None) -> str:
     """'supported' / 'contradicted': the interval excludes 0 on the claimed / the other side; else, with a
     ``margin``, 'equivalent within ±N points' when the whole interval lies within it; else 'not resolved at this scale'."""

@@ -184,3 +184,31 @@ def test_videos_show_what_the_policy_saw(tiny_checkpoint, tmp_path, monkeypatch)
     assert np.array_equal(first_grey, corrupt(first_clean, "contrast", 2))
     assert first_grey.std() < 0.6 * first_clean.std()  # contrast x0.5 (PushT's white board would saturate brightness)
     assert clean["videos"]["cameras"] == ["image"] and clean["videos"]["shows"].startswith("what the policy saw")
+
+
+def test_a_scene_shift_is_rendered_on_the_clean_runs_initial_states_and_paired_with_it(tiny_checkpoint, tmp_path, monkeypatch):
+    """corruption=colour:3 reaches the environments (PushT draws itself in other colours), not the frames
+    afterwards; the episodes are the clean run's, and the summary pairs them with it."""
+    filmed = {}
+    monkeypatch.setattr(evaluation, "_write_video", lambda path, frames, fps: filmed.setdefault(path.parent.parent.name, frames))
+    run = dict(num_episodes=2, max_steps=2, num_videos=1, progress=False)
+    clean = evaluation.evaluate_checkpoint(tiny_checkpoint, out_dir=tmp_path / "clean", **run)
+    shifted = evaluation.evaluate_checkpoint(tiny_checkpoint, out_dir=tmp_path / "colour3", corruption="colour:3", **run)
+    assert shifted["corruptions"] == [["colour", 3]] and shifted["corruption"] == "colour3"
+    assert not np.array_equal(filmed["clean"][0], filmed["colour3"][0])  # the scene changed ...
+    assert [e["seed"] for e in shifted["episodes"]] == [e["seed"] for e in clean["episodes"]]
+    paired = evaluation.paired_with_clean(shifted, tmp_path / "clean")
+    assert paired["episodes"] == 2 and paired["clean_success_rate"] == clean["success_rate"]
+    assert paired["difference"] == pytest.approx(shifted["success_rate"] - clean["success_rate"])
+    with pytest.raises(ValueError, match="cannot render a lighting shift"):  # before the policy loads
+        monkeypatch.setattr(evaluation, "load_policy", lambda *a, **k: pytest.fail("the policy loaded"))
+        evaluation.evaluate_checkpoint(tiny_checkpoint, corruption="lighting:1", **run)
+
+
+def test_a_paired_difference_reads_pairs_not_two_samples():
+    from core.stats import paired_difference
+
+    d = paired_difference([1, 1, 0, 0], [1, 1, 1, 1])
+    assert d.mean == -0.5 and d.lo < -0.5 < d.hi <= 0.0
+    same = paired_difference([1, 0, 1, 0], [1, 0, 1, 0])  # identical outcomes: no spread at all
+    assert (same.mean, same.lo, same.hi) == (0.0, 0.0, 0.0)
