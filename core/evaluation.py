@@ -42,6 +42,7 @@ class _Episode:
         self.seed = seed
         self.steps = 0
         self.max_reward = 0.0
+        self.sum_reward = 0.0
         self.max_coverage = None
         self.success = False
         self.error = None
@@ -51,13 +52,14 @@ class _Episode:
     def record(self, reward: float, info: dict) -> None:
         self.steps += 1
         self.max_reward = max(self.max_reward, float(reward))
+        self.sum_reward += float(reward)
         if "coverage" in info:
             self.max_coverage = max(self.max_coverage or 0.0, float(info["coverage"]))
         self.success = self.success or bool(info.get("success", False))
 
     def result(self) -> dict:
         res = dict(seed=self.seed, success=bool(self.success), steps=self.steps, max_reward=float(self.max_reward),
-                   seconds=time.perf_counter() - self.t0)
+                   sum_reward=self.sum_reward, seconds=time.perf_counter() - self.t0)
         if self.max_coverage is not None:
             res["max_coverage"] = float(self.max_coverage)
         if self.error:
