@@ -17,7 +17,7 @@ def tiny_run(tmp_path_factory, tiny_pusht_zarr):
 
 def test_a_suite_writes_the_table_the_plot_and_lerobots_eval_info_and_skips_what_is_done(tiny_run):
     seen = []
-    kw = dict(workers=0, episodes=2, clean_episodes=2, max_steps=2, log=seen.append)
+    kw = dict(workers=0, episodes=2, clean_episodes=3, max_steps=2, log=seen.append)  # pairs on the 2 common seeds
     folder = suite.evaluate_suite(tiny_run, "tiny", **kw)
     assert sorted(p.name for p in folder.iterdir()) == ["brightness1", "clean", "colour1", "eval_info.json", "report.md",
                                                         "report.png"]
