@@ -29,13 +29,21 @@ def make_env(task: str, **kwargs):
     raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
 
 
+CAMERA_SUFFIX = "_image"  # robosuite tasks: the observation key of camera CAM is CAM_image
+
+
 def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = None, scene_shifts=()) -> dict:
     """Constructor arguments for the task's environment (a TaskConfig), rendering the cameras
     ``image_keys`` that the policy reads, under ``scene_shifts`` ``[(kind, severity), ...]`` (the scene
     stage of ``envs.corruptions.parse_shifts``; none: clean, and the arguments of before)."""
     kwargs = {"max_episode_steps": task.env.max_episode_steps}
-    if task.name in ("lift", "can"):
-        kwargs["cameras"] = tuple(k[: -len("_image")] for k in image_keys)
+    if task.name in ("lift", "can"):  # robosuite's camera CAM renders the observation key CAM_image
+        foreign = [k for k in image_keys if not k.endswith(CAMERA_SUFFIX) or k == CAMERA_SUFFIX.lstrip("_")]
+        if foreign:
+            raise ValueError(f"the policy reads camera key(s) {foreign}, which task {task.name!r} does not give (its "
+                             f"cameras are <camera>{CAMERA_SUFFIX}, e.g. agentview{CAMERA_SUFFIX}): the checkpoint's task "
+                             f"was edited, or the policy was trained on another task")
+        kwargs["cameras"] = tuple(k[: -len(CAMERA_SUFFIX)] for k in image_keys)
     if image_size is not None:
         kwargs["image_size"] = image_size
     if scene_shifts:

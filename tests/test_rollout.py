@@ -212,3 +212,17 @@ def test_a_paired_difference_reads_pairs_not_two_samples():
     assert d.mean == -0.5 and d.lo < -0.5 < d.hi <= 0.0
     same = paired_difference([1, 0, 1, 0], [1, 0, 1, 0])  # identical outcomes: no spread at all
     assert (same.mean, same.lo, same.hi) == (0.0, 0.0, 0.0)
+
+
+def test_a_checkpoint_whose_task_name_alone_was_edited_names_the_cameras_it_reads(tiny_checkpoint, tmp_path):
+    """A PushT checkpoint whose config.json says task 'lift' (its shapes left as PushT's) was refused as
+    `unknown cameras ['']`: the PushT key 'image' became robosuite's camera ''."""
+    import shutil
+
+    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "edited")
+    meta = json.loads((ckpt / "config.json").read_text())
+    meta["cfg"]["task"]["name"] = "lift"
+    (ckpt / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"^the policy reads camera key\(s\) \['image'\], which task 'lift' does not give") as err:
+        evaluation.evaluate_checkpoint(ckpt, num_episodes=1, max_steps=2, progress=False)
+    assert "\n" not in str(err.value)
