@@ -198,10 +198,10 @@ class InferenceOverrides:
     corruption: Optional[Any] = None
 
     def __post_init__(self):
-        from envs.corruptions import parse_corruptions
+        from envs.corruptions import parse_shifts
 
         # parsed once, here: refused before the checkpoint loads or an episode runs; [(kind, severity), ...] after
-        self.corruption = parse_corruptions(self.corruption)
+        self.corruption = parse_shifts(self.corruption)
         _at_least("", self, ("image_size", "n_action_steps", "num_inference_steps"), 1)
         _at_least("", self, ("w_max",), 0)
         if self.offset_grid is not None and self.offset_grid != "train":

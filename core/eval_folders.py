@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from envs.corruptions import corruption_tag
+from envs.corruptions import shift_tag
 from policies.checkpoint import checkpoint_step
 
 from .config import RolloutConfig
@@ -35,5 +35,5 @@ def rollout_out_dir(cfg: RolloutConfig, checkpoint: Path) -> Path:
     """``rollout.py``'s folder when out_dir= is not given: named by every inference option set, the
     episode cap and count (corruptions by their tag, e.g. brightness1+blur2)."""
     inference = dataclasses.asdict(cfg.overrides())
-    inference["corruption"] = corruption_tag(cfg.corruption)
+    inference["corruption"] = shift_tag(cfg.corruption)
     return default_out_dir(checkpoint, cfg.seed, {**inference, "max_steps": cfg.max_steps, "n": cfg.num_episodes})

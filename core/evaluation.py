@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from envs.corruptions import corruption_tag, obs_corruptor, parse_shifts, split_stages
+from envs.corruptions import obs_corruptor, parse_shifts, shift_tag, split_stages
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
 from policies.checkpoint import load_policy, read_checkpoint_meta, resolve_checkpoint
 
@@ -151,15 +151,17 @@ class _Rollouts:
 
 def evaluate(policy, task: TaskConfig, *, num_episodes: int, seed: int = EVAL_SEED_START, workers: int = 0,
              image_size: int | None = None, obs_transform=None, video_dir: Path | None = None, num_videos: int = 3,
-             max_steps: int | None = None, progress: bool = True, env_options: dict | None = None) -> dict:
+             max_steps: int | None = None, progress: bool = True, env_options: dict | None = None,
+             scene_shifts=()) -> dict:
     """Run ``num_episodes`` episodes on seeds ``seed, seed+1, ...``, batching the policy over the
     parallel environments. What the policy observes can change on either side of the camera:
     ``env_options`` are constructor arguments of every environment (what it renders and how),
+    ``scene_shifts`` [(kind, severity), ...] are rendered by every environment from each episode's seed,
     ``obs_transform(obs) -> obs`` alters each observation after it is rendered (camera corruptions).
     The first ``num_videos`` episodes are filmed as the policy saw them."""
     from tqdm import tqdm
 
-    kwargs = env_kwargs_from_task(task, policy.config.image_keys, image_size)  # render only the cameras the policy reads
+    kwargs = env_kwargs_from_task(task, policy.config.image_keys, image_size, scene_shifts)  # only the policy's cameras
     if max_steps is not None:
         kwargs["max_episode_steps"] = max_steps
     kwargs.update(env_options or {})  # constructor arguments of the environment (benchmarks)
@@ -211,18 +213,17 @@ def _write_summary(out_dir: Path, summary: dict) -> None:
     replace_file(Path(out_dir) / "summary.json", json.dumps(summary, indent=2))
 
 
-def _observation_changes(inference: InferenceOverrides, image_keys: list[str], obs_transform=None) -> tuple[dict, Any]:
-    """What ``inference`` changes in what the policy observes -> (options of every environment, the
-    transform of each observation): a pixel corruption acts on the rendered frame; a scene shift
-    (lighting, colour, camera) is rendered by the simulator, drawn from each episode's seed, so the
+def _observation_changes(inference: InferenceOverrides, image_keys: list[str], obs_transform=None) -> tuple[list, Any]:
+    """What ``inference`` changes in what the policy observes -> (the scene shifts every environment
+    renders, the transform of each observation): a pixel corruption acts on the rendered frame; a scene
+    shift (lighting, colour, camera) is rendered by the simulator, drawn from each episode's seed, so the
     initial states stay those of the clean run with the same seeds."""
     if not inference.corruption:  # parsed by InferenceOverrides
-        return {}, obs_transform
+        return [], obs_transform
     if obs_transform is not None:
         raise ValueError("give corruption= or obs_transform, not both")
     pixel, scene = split_stages(inference.corruption)
-    env_options = {"scene_shifts": tuple((s.kind, s.severity) for s in scene)} if scene else {}
-    return env_options, obs_corruptor(pixel, image_keys) if pixel else None
+    return scene, obs_corruptor(pixel, image_keys) if pixel else None
 
 
 def paired_with_clean(summary: dict, clean_dir: Path) -> dict | None:
@@ -266,16 +267,16 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
     changes, attn_over = policy_overrides(meta, inference)
     policy = load_policy(ckpt, device=device, **changes)
     task = from_dict(TaskConfig, meta["cfg"]["task"])
-    env_options, obs_transform = _observation_changes(inference, policy.config.image_keys, obs_transform)
+    scene_shifts, obs_transform = _observation_changes(inference, policy.config.image_keys, obs_transform)
     video_dir = Path(out_dir) / "videos" if out_dir and num_videos else None
     summary = evaluate(policy, task, num_episodes=num_episodes, seed=seed, workers=workers, image_size=inference.image_size,
-                       obs_transform=obs_transform, env_options=env_options, max_steps=max_steps, progress=progress,
+                       obs_transform=obs_transform, scene_shifts=scene_shifts, max_steps=max_steps, progress=progress,
                        video_dir=video_dir, num_videos=num_videos)
     summary.update(checkpoint=str(ckpt), task=task.name, policy=meta["policy"],
                    attention=meta["policy_config"]["vit"]["attention"]["kind"], attention_overrides=attn_over,
                    seed_start=seed, image_size=inference.image_size, n_action_steps=policy.config.n_action_steps,
-                   corruption=corruption_tag(inference.corruption),
-                   corruptions=[[c.kind, c.severity] for c in parse_shifts(inference.corruption)])
+                   corruption=shift_tag(inference.corruption),
+                   corruptions=[[c.kind, c.severity] for c in inference.corruption])
     if out_dir is not None:
         _write_summary(out_dir, summary)
     return summary

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from envs.corruptions import parse_shifts
+from envs.corruptions import Shift, parse_shifts
 from envs.scene_shifts import scene_kinds_of
 
 # the suites, as data: KIND:SEVERITY settings; scene kinds a task cannot render are left out for that task
@@ -31,13 +31,13 @@ SUITES = {
 CLEAN = "clean"
 
 
-def settings(suite: str, task: str) -> list[str]:
+def settings(suite: str, task: str) -> list[Shift]:
     """The suite's settings that ``task`` can render, checked (one line on an unknown name or kind)."""
     if suite not in SUITES:
         raise ValueError(f"suite={suite!r} does not exist; choose one of {', '.join(SUITES)}")
     renders = set(scene_kinds_of(task))
     shifts = [parse_shifts(s)[0] for s in SUITES[suite]]  # each setting alone: one kind at one severity
-    return [str(s) for s in shifts if s.stage == "pixel" or s.kind in renders]
+    return [s for s in shifts if s.stage == "pixel" or s.kind in renders]
 
 
 def evaluate_suite(run: Path, suite: str = "standard", *, workers: int = 2, episodes: int = 30,
@@ -51,7 +51,7 @@ def evaluate_suite(run: Path, suite: str = "standard", *, workers: int = 2, epis
     todo = settings(suite, task)  # before any evaluation: a bad suite costs nothing
     folder = Path(run) / "eval" / f"suite_{suite}"
     summaries = {}
-    for name, corruption, n in [(CLEAN, None, clean_episodes), *((parse_shifts(s)[0].tag, s, episodes) for s in todo)]:
+    for name, corruption, n in [(CLEAN, None, clean_episodes), *((s.tag, [s], episodes) for s in todo)]:
         out = folder / name
         if (out / "summary.json").exists():
             log(f"{name}: evaluated already, kept")

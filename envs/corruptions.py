@@ -146,15 +146,6 @@ def parse_scene_shifts(spec, task: str) -> tuple[Shift, ...]:
     return tuple(shifts)
 
 
-def parse_corruptions(spec) -> list[tuple[str, int]]:
-    """``corruption=``'s parse of before (``parse_shifts`` without a task): ``"brightness:1"`` or a list of
-    them -> [("brightness", 1), ...]; None or [] -> []."""
-    return parse_shifts(spec)
-
-
-corruption_tag = shift_tag  # the tag of before: brightness1+blur2
-
-
 # --- the pixel operations --------------------------------------------------------------------------------
 def _gaussian_kernel(sigma: float) -> np.ndarray:
     radius = max(1, int(round(3 * sigma)))

@@ -21,7 +21,7 @@ from core.config import TaskConfig, from_dict
 from core.preflight import replace_file
 from datasets.factory import make_dataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
-from envs.corruptions import corrupt, parse_corruptions
+from envs.corruptions import corrupt, parse_shifts
 from studies.diversity import encoder_input, head_diversity
 
 
@@ -100,7 +100,7 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
 def corruption(text: str) -> tuple[str, int]:
     """argparse type of ``KIND:SEVERITY`` (``envs.corruptions``)."""
     try:
-        return parse_corruptions(text)[0]
+        return parse_shifts(text)[0]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

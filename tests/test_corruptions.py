@@ -6,9 +6,7 @@ from envs.corruptions import (
     CorruptionError,
     Shift,
     corrupt,
-    corruption_tag,
     obs_corruptor,
-    parse_corruptions,
     parse_shifts,
     shift_tag,
     split_stages,
@@ -61,7 +59,7 @@ def test_imagenet_c_kinds_come_from_the_library_at_five_severities(kind):
                                  "brightness:1:2", "jpeg_compression:6", "rain:1", "lighting:4", [("blur", "1")]])
 def test_a_malformed_value_is_refused_in_one_line(bad):
     with pytest.raises(CorruptionError, match="give KIND:SEVERITY") as err:
-        parse_corruptions(bad)
+        parse_shifts(bad)
     assert "\n" not in str(err.value) and str(err.value).startswith("corruption=")
 
 
@@ -71,8 +69,8 @@ def test_one_parser_tells_stage_and_tag_and_keeps_the_tags_of_before():
     assert [s.stage for s in shifts] == ["pixel", "pixel", "scene", "scene"]
     assert shift_tag(shifts) == "brightness1+jpeg_compression3+lighting2+camera1"
     assert split_stages(shifts) == ([("brightness", 1), ("jpeg_compression", 3)], [("lighting", 2), ("camera", 1)])
-    assert parse_corruptions("brightness:1") == [Shift("brightness", 1)] and parse_corruptions(None) == []
-    assert corruption_tag(parse_corruptions(["brightness:1", "blur:2"])) == "brightness1+blur2"
+    assert parse_shifts("brightness:1") == [Shift("brightness", 1)] and parse_shifts(None) == []
+    assert shift_tag(parse_shifts(["brightness:1", "blur:2"])) == "brightness1+blur2"
     assert shift_tag([]) is None
 
 

@@ -36,8 +36,8 @@ def test_a_suite_writes_the_table_the_plot_and_lerobots_eval_info_and_skips_what
 
 
 def test_the_suite_leaves_out_what_the_task_cannot_render_and_refuses_unknown_suites():
-    assert "lighting:2" not in suite.settings("standard", "pusht") and "colour:2" in suite.settings("standard", "pusht")
-    assert "lighting:2" in suite.settings("standard", "lift")
+    assert ("lighting", 2) not in suite.settings("standard", "pusht") and ("colour", 2) in suite.settings("standard", "pusht")
+    assert ("lighting", 2) in suite.settings("standard", "lift")
     with pytest.raises(ValueError, match="suite='bogus' does not exist; choose one of standard, scene, tiny"):
         suite.settings("bogus", "lift")
 
