@@ -22,6 +22,16 @@ def corrupted(options: dict, corruptions: dict) -> dict:
     return {name: {**options, "corruption": c} for name, c in corruptions.items()}
 
 
+# training that survives the scene (Lift BC, recipe=cpu with its jitter): DrQ's random shift, with hue and saturation
+# jitter beside it, and demonstrations rendered under randomised scenes (generate_demos.py scene_randomization=all,
+# severities up to envs.scene_shifts.TRAINING_RANGE = 2: severity 3 is out of the training range)
+SHIFT = {"policy.image_aug.shift": "4"}  # DrQ's 4 px on 84-px images
+COLOUR = {"policy.image_aug.hue": "0.1", "policy.image_aug.saturation": "0.5"}
+RANDOMISED = {"task.dataset.path": "data/lift/ph_image_scene.hdf5"}
+SCENE_TRAINING = (JITTER, {**JITTER, **SHIFT}, {**JITTER, **SHIFT, **COLOUR}, {**JITTER, **RANDOMISED},
+                  {**JITTER, **RANDOMISED, **SHIFT, **COLOUR})
+SCENE_SHIFTS = {f"{kind}{s}": f"{kind}:{s}" for kind in ("lighting", "colour", "camera") for s in (1, 2, 3)}
+
 LARGER = {f"{n}px": {**SHIFTED, "image_size": str(n)} for n in (112, 128)}
 SLOPE_SCALED = {f"{n}px_slope": {**SHIFTED, "image_size": str(n), "global_slope": str(84 / n)} for n in (112, 128)}
 
@@ -37,6 +47,8 @@ STUDIES = {s.name: s for s in [
     Study("can_recipe", ("can",), ("bc",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, RECIPE_CORRUPTIONS)}, variants=(JITTER,)),
     Study("pusht_recipe", ("pusht",), ("diffusion",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, RECIPE_CORRUPTIONS)},
           variants=(JITTER,)),
+    Study("scene_training", ("lift",), ("bc",), (FULL, FIB),
+          {"clean": CLEAN, **corrupted(SHIFTED, {**SCENE_SHIFTS, **RECIPE_CORRUPTIONS})}, variants=SCENE_TRAINING),
     Study("resolution", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN, **LARGER, **SLOPE_SCALED},
           only={name: LOOKHERE for name in SLOPE_SCALED}),
 ]}
