@@ -2,6 +2,7 @@
 A grid (tasks x policies x arms x variants x the budget's seeds) of override mappings and named rollout
 settings, whose "{episodes}", "{shifted_episodes}", "{workers}" come from the budget. A new study is one more entry.
 """
+from studies.evidence import AUGMENT, COLOUR, RANDOMISED, SHIFT
 from studies.study import Study
 
 FULL, FIB, LOOKHERE = {"attention": "full"}, {"attention": "fibottention"}, {"attention": "lookhere"}
@@ -14,7 +15,7 @@ SHIFTED = {**AT_HORIZON, "max_steps": "200"}  # Lift: no success in 110 such epi
 CORRUPTIONS = {"brightness1": "brightness:1", "contrast2": "contrast:2"}
 # recipe=cpu as shipped: its photometric jitter (configs/recipe/preset/photometric_aug.yaml), which the
 # papers'-setting cells turn off; measured under the four pixel corruptions at severity 2 (brightness 1)
-JITTER = {"policy.image_aug.brightness": "0.3", "policy.image_aug.contrast": "0.5"}
+JITTER = AUGMENT
 RECIPE_CORRUPTIONS = {**CORRUPTIONS, "gaussian_noise2": "gaussian_noise:2", "blur2": "blur:2"}
 
 
@@ -25,9 +26,6 @@ def corrupted(options: dict, corruptions: dict) -> dict:
 # training that survives the scene (Lift BC, recipe=cpu with its jitter): DrQ's random shift, with hue and saturation
 # jitter beside it, and demonstrations rendered under randomised scenes (generate_demos.py scene_randomization=all,
 # severities up to envs.scene_shifts.TRAINING_RANGE = 2: severity 3 is out of the training range)
-SHIFT = {"policy.image_aug.shift": "4"}  # DrQ's 4 px on 84-px images
-COLOUR = {"policy.image_aug.hue": "0.1", "policy.image_aug.saturation": "0.5"}
-RANDOMISED = {"task.dataset.path": "data/lift/ph_image_scene.hdf5"}
 SCENE_TRAINING = (JITTER, {**JITTER, **SHIFT}, {**JITTER, **SHIFT, **COLOUR}, {**JITTER, **RANDOMISED},
                   {**JITTER, **RANDOMISED, **SHIFT, **COLOUR})
 SCENE_SHIFTS = {f"{kind}{s}": f"{kind}:{s}" for kind in ("lighting", "colour", "camera") for s in (1, 2, 3)}

@@ -51,6 +51,8 @@ class Fix:  # a training-side fix, measured per encoder and condition (claims.md
     study: str = "robustness"
     task: str = "lift"
     policy: str = "bc"
+    base: dict = field(default_factory=dict)  # training both sides share, the fix added on top (e.g. recipe=cpu's jitter)
+    base_label: str = "papers' setting"
 
 
 def with_overrides(arm: Arm, overrides: dict) -> Arm:
@@ -81,6 +83,8 @@ SCARCE = [Setting(f"{n} demonstrations", overrides={"train.max_episodes": str(n)
 LARGER = [Setting(f"rendered at {n} px", {"image_size": n}) for n in (112, 128)]
 # LookHere's global slope scaled by the training size over the rendered one, as the paper does
 SLOPE_SCALED = [Setting(f"rendered at {n} px", {"image_size": n, "attention": {"global_slope": 84 / n}}) for n in (112, 128)]
+# rendered scene shifts at severity 2 (in the training range of randomised demonstrations), both arms with recipe=cpu's jitter
+SCENE = [Setting(f"{kind} 2 (recipe=cpu's jitter)", {"corruption": [[kind, 2]]}, AUGMENT) for kind in ("lighting", "colour", "camera")]
 DIVERSITY = [Setting("1 − mean pairwise CKA of the heads' outputs")]
 
 LIFT = ("lift", "bc")
@@ -88,6 +92,7 @@ MAIN, EFFICIENCY, ROBUSTNESS = ("main", *LIFT), ("data_efficiency", *LIFT), ("ro
 OTHER_TASKS = [("can", "can", "bc"), ("pusht", "pusht", "diffusion")]  # each task's own study, its CPU recipe's policy
 TASKS = ("lift", "can", "pusht")
 SUCCESS, ROBUST, DIVERSE = "Better task success", "More robust to corruptions", "More diverse heads"
+SCENE_ROBUST = "More robust to scene shifts"
 BASELINE = ": sparse baseline (BigBird; no claim)"
 
 CLAIMS = [
@@ -101,6 +106,7 @@ CLAIMS = [
     *grid(f"{ROBUST} (Fibottention)", OTHER_TASKS, [FIB], CORRUPTED),
     *grid(f"{ROBUST} (LookHere)", [ROBUSTNESS, *OTHER_TASKS], [LOOKHERE], CORRUPTED),
     *grid(ROBUST + BASELINE, [ROBUSTNESS], [BIGBIRD], CORRUPTED, side_only=True),
+    *grid(f"{SCENE_ROBUST} (Fibottention)", [("scene_training", *LIFT)], [FIB], SCENE),
     *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere", "lookhere")], LARGER),
     *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere (s_g scaled)", "lookhere")], SLOPE_SCALED),
     *grid(f"{DIVERSE} (Fibottention)", [("diversity", *LIFT)], [FIB, ROBOT, MULT], DIVERSITY, measure="head_diversity"),
@@ -112,8 +118,20 @@ CLAIMS = [
 FEW = "fewer than 3 seeds"  # a task whose rows all rest on fewer seeds than a verdict needs
 COLLAPSE = 0.5  # a seed "collapses" under a corruption below this success rate (full attention keeps about 0.9)
 LOTTERY = [(*ROBUSTNESS, arm, s.condition) for arm in (FULL, FIB, LOOKHERE, BIGBIRD) for s in CORRUPTED]
+# training that survives the scene (study scene_training), each on top of recipe=cpu's jitter
+SHIFT = {"policy.image_aug.shift": "4"}  # DrQ's 4 px on 84-px images
+COLOUR = {"policy.image_aug.hue": "0.1", "policy.image_aug.saturation": "0.5"}
+# generate_demos.py task=lift out=data/lift/ph_image_scene.hdf5 scene_randomization=all (severities up to
+# envs.scene_shifts.TRAINING_RANGE = 2: severity 3 lies outside the training range)
+RANDOMISED = {"task.dataset.path": "data/lift/ph_image_scene.hdf5"}
+SCENE_FIX = {"study": "scene_training", "base": AUGMENT, "base_label": "recipe=cpu's jitter"}
 FIXES = {"per-image": Fix("per-image input", PER_IMAGE, (FULL, FIB)),
-         "augment": Fix("photometric augmentation", AUGMENT, (FULL, FIB, LOOKHERE))}
+         "augment": Fix("photometric augmentation", AUGMENT, (FULL, FIB, LOOKHERE)),
+         "shift": Fix("random shift", SHIFT, (FULL, FIB), **SCENE_FIX),
+         "shift-colour": Fix("random shift + hue/saturation", {**SHIFT, **COLOUR}, (FULL, FIB), **SCENE_FIX),
+         "randomised": Fix("randomised-scene demonstrations", RANDOMISED, (FULL, FIB), **SCENE_FIX),
+         "randomised-shift-colour": Fix("randomised scenes + shift + hue/saturation", {**RANDOMISED, **SHIFT, **COLOUR}, (FULL, FIB),
+                                        **SCENE_FIX)}
 # the README's evidence table: (label, arm, the study of its clean row, of its other conditions, task, policy)
 README_CONDITIONS = ({}, BRIGHTNESS, CONTRAST)
 README_ROWS = [(label, arm, study, "robustness", *LIFT) for label, arm, study in (

@@ -37,3 +37,22 @@ def test_a_row_without_records_says_so_and_a_claim_about_a_new_task_is_data(tmp_
     monkeypatch.setattr(studies.claims, "CLAIMS", [row])
     assert studies.claims.claims(studies.claims.load_all(tmp_path))[0] | {} == {"claim": row.claim, "measurement": "can bc, clean, Fibottention − full",
                                                       "task": "can", "counts": True, "effect": "not measured yet", "verdict": "—"}
+
+
+def test_a_fix_on_top_of_the_recipe_is_compared_with_the_recipe_not_the_papers_setting(tmp_path):
+    from studies.evidence import AUGMENT, FIXES, SHIFT
+
+    camera = {"corruption": [["camera", 2]]}
+
+    def cell(attention, overrides, successes):
+        return [Record("lift", "bc", attention, 4000, overrides, s, camera, successes, 30) for s in range(3)]
+
+    save(tmp_path, "scene_training", [*cell("full", {}, 3),  # the papers' setting: must not be the baseline here
+                                      *cell("full", AUGMENT, 12), *cell("full", {**AUGMENT, **SHIFT}, 27),
+                                      *cell("fibottention", AUGMENT, 6), *cell("fibottention", {**AUGMENT, **SHIFT}, 21)])
+    full, fib = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["shift"])
+    assert (full["encoder"], full["condition"], full["seeds"]) == ("full", "camera 2", 3)
+    assert full["success"].startswith("90% [") and full["full attention"].startswith("+50 [")  # 90% against the recipe's 40%
+    assert full["itself without"] == full["full attention, with the fix"] == "—"
+    assert fib["full attention"].startswith("+30 [") and fib["itself without"].startswith("+50 [")  # 70% vs 40%, vs its own 20%
+    assert fib["full attention, with the fix"].startswith("-20 [")
