@@ -29,6 +29,7 @@ def corrupted(options: dict, corruptions: dict) -> dict:
 SCENE_TRAINING = (JITTER, {**JITTER, **SHIFT}, {**JITTER, **SHIFT, **COLOUR}, {**JITTER, **RANDOMISED},
                   {**JITTER, **RANDOMISED, **SHIFT, **COLOUR})
 SCENE_SHIFTS = {f"{kind}{s}": f"{kind}:{s}" for kind in ("lighting", "colour", "camera") for s in (1, 2, 3)}
+SCENE_AT_2 = {name: shift for name, shift in SCENE_SHIFTS.items() if name.endswith("2")}  # the papers' setting, for comparison
 
 LARGER = {f"{n}px": {**SHIFTED, "image_size": str(n)} for n in (112, 128)}
 SLOPE_SCALED = {f"{n}px_slope": {**SHIFTED, "image_size": str(n), "global_slope": str(84 / n)} for n in (112, 128)}
@@ -37,7 +38,8 @@ STUDIES = {s.name: s for s in [
     Study("main", tasks=("lift",), policies=("bc",), arms=ENCODERS + AUTHORS, settings={"clean": CLEAN}),
     Study("data_efficiency", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN},
           variants=tuple({"train.steps": "2000", "train.max_episodes": str(n)} for n in (10, 25, 50))),
-    Study("robustness", ("lift",), ("bc",), ENCODERS + AUTHORS, {"clean": CLEAN, **corrupted(SHIFTED, CORRUPTIONS)}),
+    Study("robustness", ("lift",), ("bc",), ENCODERS + AUTHORS,
+          {"clean": CLEAN, **corrupted(SHIFTED, CORRUPTIONS), **corrupted(SHIFTED, SCENE_AT_2)}),
     # the papers' other two tasks, each with the policy of its measured CPU recipe (README "Recipes")
     Study("can", ("can",), ("bc",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, CORRUPTIONS)}),
     Study("pusht", ("pusht",), ("diffusion",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, CORRUPTIONS)}),

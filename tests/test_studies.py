@@ -153,7 +153,8 @@ def test_show_prints_the_two_commands_of_every_cell(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("python train_policy.py task=lift policy=bc attention=full recipe=cpu seed=1 eval.num_episodes=0 "
                                "policy.image_aug.brightness=0.0 policy.image_aug.contrast=0.0 run_dir=")  # the papers' setting
-    assert lines[2].endswith("num_episodes=30 workers=2 max_steps=200 corruption=brightness:1") and len(lines) == 6 * 4
+    assert lines[2].endswith("num_episodes=30 workers=2 max_steps=200 corruption=brightness:1") and len(lines) == 6 * (1 + 6)
+    assert lines[6].endswith("max_steps=200 corruption=camera:2")  # the scene shifts, rendered by the simulator
     with pytest.raises(SystemExit):
         studies_main(["run", "robustnes"])
     assert "unknown study 'robustnes'" in capsys.readouterr().err
