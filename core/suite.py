@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 from envs.corruptions import Shift, parse_shifts
-from envs.scene_shifts import scene_kinds_of
+from envs.scene_shifts import SCENE_KINDS, SCENE_SEVERITIES, scene_kinds_of
 
 # the suites, as data: KIND:SEVERITY settings; scene kinds a task cannot render are left out for that task
-SCENE = ("lighting", "colour", "camera")
+SCENE = tuple(SCENE_KINDS)
 SUITES = {
-    "standard": [f"{k}:{s}" for k in SCENE for s in (1, 2, 3)]
+    "standard": [f"{k}:{s}" for k in SCENE for s in SCENE_SEVERITIES]
     + ["brightness:1", "contrast:2", "gaussian_noise:2", "blur:2",  # the studies' pixel corruptions
        "jpeg_compression:3", "motion_blur:3", "shot_noise:3", "pixelate:3"],  # ImageNet-C's, middle severity
     "scene": [f"{k}:2" for k in SCENE],  # the scene kinds at severity 2: what a lab changes between afternoons

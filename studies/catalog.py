@@ -2,6 +2,7 @@
 A grid (tasks x policies x arms x variants x the budget's seeds) of override mappings and named rollout
 settings, whose "{episodes}", "{shifted_episodes}", "{workers}" come from the budget. A new study is one more entry.
 """
+from envs.scene_shifts import SCENE_KINDS, SCENE_SEVERITIES
 from studies.evidence import AUGMENT, COLOUR, RANDOMISED, SHIFT
 from studies.study import Study
 
@@ -14,8 +15,7 @@ AT_HORIZON = {"num_episodes": "{shifted_episodes}", "workers": "{workers}"}  # C
 SHIFTED = {**AT_HORIZON, "max_steps": "200"}  # Lift: no success in 110 such episodes took 80 steps
 CORRUPTIONS = {"brightness1": "brightness:1", "contrast2": "contrast:2"}
 # recipe=cpu as shipped: its photometric jitter (configs/recipe/preset/photometric_aug.yaml), which the
-# papers'-setting cells turn off; measured under the four pixel corruptions at severity 2 (brightness 1)
-JITTER = AUGMENT
+# papers'-setting cells turn off (studies.evidence.AUGMENT); measured under the four pixel corruptions at severity 2 (brightness 1)
 RECIPE_CORRUPTIONS = {**CORRUPTIONS, "gaussian_noise2": "gaussian_noise:2", "blur2": "blur:2"}
 
 
@@ -26,10 +26,10 @@ def corrupted(options: dict, corruptions: dict) -> dict:
 # training that survives the scene (Lift BC, recipe=cpu with its jitter): DrQ's random shift, with hue and saturation
 # jitter beside it, and demonstrations rendered under randomised scenes (generate_demos.py scene_randomization=all,
 # severities up to envs.scene_shifts.TRAINING_RANGE = 2: severity 3 is out of the training range)
-SCENE_TRAINING = (JITTER, {**JITTER, **SHIFT}, {**JITTER, **SHIFT, **COLOUR}, {**JITTER, **RANDOMISED},
-                  {**JITTER, **RANDOMISED, **SHIFT, **COLOUR})
-SCENE_SHIFTS = {f"{kind}{s}": f"{kind}:{s}" for kind in ("lighting", "colour", "camera") for s in (1, 2, 3)}
-SCENE_AT_2 = {name: shift for name, shift in SCENE_SHIFTS.items() if name.endswith("2")}  # the papers' setting, for comparison
+SCENE_TRAINING = (AUGMENT, {**AUGMENT, **SHIFT}, {**AUGMENT, **SHIFT, **COLOUR}, {**AUGMENT, **RANDOMISED},
+                  {**AUGMENT, **RANDOMISED, **SHIFT, **COLOUR})
+SCENE_SHIFTS = {f"{kind}{s}": f"{kind}:{s}" for kind in SCENE_KINDS for s in SCENE_SEVERITIES}
+SCENE_AT_2 = {f"{kind}2": f"{kind}:2" for kind in SCENE_KINDS}  # the papers' setting, for comparison
 
 LARGER = {f"{n}px": {**SHIFTED, "image_size": str(n)} for n in (112, 128)}
 SLOPE_SCALED = {f"{n}px_slope": {**SHIFTED, "image_size": str(n), "global_slope": str(84 / n)} for n in (112, 128)}
@@ -44,9 +44,9 @@ STUDIES = {s.name: s for s in [
     Study("can", ("can",), ("bc",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, CORRUPTIONS)}),
     Study("pusht", ("pusht",), ("diffusion",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, CORRUPTIONS)}),
     # the recommended recipe where it is recommended: Can BC and PushT diffusion with recipe=cpu's jitter
-    Study("can_recipe", ("can",), ("bc",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, RECIPE_CORRUPTIONS)}, variants=(JITTER,)),
+    Study("can_recipe", ("can",), ("bc",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, RECIPE_CORRUPTIONS)}, variants=(AUGMENT,)),
     Study("pusht_recipe", ("pusht",), ("diffusion",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, RECIPE_CORRUPTIONS)},
-          variants=(JITTER,)),
+          variants=(AUGMENT,)),
     Study("scene_training", ("lift",), ("bc",), (FULL, FIB),
           {"clean": CLEAN, **corrupted(SHIFTED, {**SCENE_SHIFTS, **RECIPE_CORRUPTIONS})}, variants=SCENE_TRAINING),
     Study("resolution", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN, **LARGER, **SLOPE_SCALED},

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from envs.scene_shifts import SCENE_KINDS
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -85,7 +87,7 @@ LARGER = [Setting(f"rendered at {n} px", {"image_size": n}) for n in (112, 128)]
 SLOPE_SCALED = [Setting(f"rendered at {n} px", {"image_size": n, "attention": {"global_slope": 84 / n}}) for n in (112, 128)]
 # rendered scene shifts at severity 2 (in the training range of randomised demonstrations): the papers' setting, and
 # both arms with recipe=cpu's jitter
-SCENE = [Setting(f"{kind} 2", {"corruption": [[kind, 2]]}) for kind in ("lighting", "colour", "camera")]
+SCENE = [Setting(f"{kind} 2", {"corruption": [[kind, 2]]}) for kind in SCENE_KINDS]
 SCENE_JITTER = [replace(s, where=f"{s.where} (recipe=cpu's jitter)", overrides=AUGMENT) for s in SCENE]
 DIVERSITY = [Setting("1 − mean pairwise CKA of the heads' outputs")]
 
