@@ -9,15 +9,20 @@ from .episodes import EpisodeData
 FORMATS = ("pusht_zarr", "robomimic_hdf5", "lerobot")
 # the recipes' file names say how many demonstrations they hold: data/pusht/demos1000.zarr
 _COUNT_IN_NAME = re.compile(r"demos(\d+)$")
+# and whether they are rendered under randomised scenes: data/lift/ph_image_scene.hdf5
+_SCENE_IN_NAME = re.compile(r"_scene$")
 
 
 def generate_command(task_name: str, path) -> str:
-    """The command that writes the dataset a task reads at ``path`` (as many demonstrations as its name says)."""
+    """The command that writes the dataset a task reads at ``path``: as many demonstrations as its
+    name says, under randomised scenes when its name ends in ``_scene``."""
     from .generate import GenerateConfig
 
-    m = _COUNT_IN_NAME.search(Path(path).stem)
+    stem = Path(path).stem
+    m = _COUNT_IN_NAME.search(stem)
     count = int(m[1]) if m else GenerateConfig.num_episodes
-    return f"python generate_demos.py task={task_name} num_episodes={count} out={path}"
+    scene = " scene_randomization=all" if _SCENE_IN_NAME.search(stem) else ""
+    return f"python generate_demos.py task={task_name} num_episodes={count} out={path}{scene}"
 
 
 def read_dataset(path, fmt: str | None = None, obs_keys: list[str] | None = None,

@@ -79,6 +79,16 @@ def test_missing_dataset_names_generate_command(tmp_path):
         make_dataset(task)
 
 
+def test_missing_randomised_dataset_names_scene_randomization(tmp_path):
+    # the name the studies train the randomised-scene variant on: the hint must render the scenes too
+    task = _task("lift", tmp_path / "ph_image_scene.hdf5", "robomimic_hdf5", {"agentview_image": [3, 84, 84]}, 7)
+    with pytest.raises(FileNotFoundError, match=r"task=lift num_episodes=200 out=.*ph_image_scene.hdf5 scene_randomization=all$"):
+        make_dataset(task)
+    plain = _task("lift", tmp_path / "ph_image.hdf5", "robomimic_hdf5", {"agentview_image": [3, 84, 84]}, 7)
+    with pytest.raises(FileNotFoundError, match=r"out=.*ph_image.hdf5$"):
+        make_dataset(plain)
+
+
 def test_dataset_for_another_task_names_the_mismatch(tiny_pusht_zarr):
     task = _task("lift", tiny_pusht_zarr, "pusht_zarr", {"agentview_image": [3, 84, 84]}, 7)
     with pytest.raises(ValueError, match=r"does not fit task 'lift': it lacks \['agentview_image'\]"):
