@@ -57,7 +57,7 @@ def test_can_generate_train_step_and_rollout(tmp_path, tmp_path_factory):
 
 
 def test_action_shift_sees_no_change_without_a_corruption_and_reads_the_rollouts(tmp_path, two_demo_lift):
-    from studies.action_shift import correlations, measure, spearman
+    from probes.action_shift import correlations, measure, spearman
 
     overrides = ["task=lift", "policy=bc", "attention=fibottention", "recipe=none", f"task.dataset.path={two_demo_lift}",
                  f"run_dir={tmp_path / 'run'}", "train.steps=1", "train.batch_size=4", "train.warmup_steps=1",

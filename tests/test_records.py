@@ -41,7 +41,7 @@ def test_a_damaged_line_ends_the_report_in_one_line_naming_the_file_and_the_line
 def test_head_diversity_is_measured_from_a_checkpoint_into_records(tmp_path, tiny_pusht_zarr, capsys):
     from core.training import train
     from studies.claims import main as report
-    from studies.diversity import main
+    from probes.diversity import main
     from tests.helpers import tiny_train_cfg
 
     run = train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, "bc", "fibottention")).checkpoint.parents[1]

@@ -1,12 +1,12 @@
 """Where a uniform image change (brightness, contrast) moves a trained encoder's features.
 
-    python -m studies.feature_shift CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
+    python -m probes.feature_shift CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
 
 For each checkpoint's first camera ViT, on dataset frames clean and corrupted, the relative
 change ``||f(x') - f(x)|| / ||f(x)||`` (mean over frames) of every stage: the patch embedding,
 after the position embedding, the CLS and the patch tokens after each block, each head's attention
 output, and the encoder's output feature; plus the patch queries' attention mass on CLS and each block's
-head diversity (``studies.diversity``), clean -> corrupted. A stage whose change grows is where the shift is amplified.
+head diversity (``probes.diversity``), clean -> corrupted. A stage whose change grows is where the shift is amplified.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from core.preflight import replace_file
 from datasets.factory import make_dataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
 from envs.corruptions import corrupt, parse_shifts
-from studies.diversity import encoder_input, head_diversity
+from probes.diversity import encoder_input, head_diversity
 
 
 def relative_change(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -130,7 +130,7 @@ def save(args, results: list[dict]) -> list[dict]:
 
 
 def main(argv=None):
-    args, results = measure_all(argv, "python -m studies.feature_shift", __doc__, measure)
+    args, results = measure_all(argv, "python -m probes.feature_shift", __doc__, measure)
     print(f"relative change under {args.corruption} ({args.frames} frames)".ljust(34) +
           "".join(f"{r['attention']:>14}" for r in results))
     for n in results[0]["stages"]:

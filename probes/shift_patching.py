@@ -1,6 +1,6 @@
 """Which part of a trained encoder carries a corruption to its output: activation patching.
 
-    python -m studies.shift_patching CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
+    python -m probes.shift_patching CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
 
 The first camera's ViT runs on corrupted frames with one component's output (a head, a block's attention
 or MLP, every block's) restored to its value on the clean frames. With ``r = ||f(clean) - f(corrupted,
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from studies.feature_shift import frames_of, measure_all, relative_change, save
+from probes.feature_shift import frames_of, measure_all, relative_change, save
 
 
 @torch.no_grad()
@@ -78,7 +78,7 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
 
 
 def main(argv=None):
-    args, results = measure_all(argv, "python -m studies.shift_patching", __doc__, measure)
+    args, results = measure_all(argv, "python -m probes.shift_patching", __doc__, measure)
     print(f"share of the output change under {args.corruption} through".ljust(44) +
           "".join(f"{r['attention'][:13]:>14}" for r in results))
     print("  (output change, nothing restored)".ljust(44) + "".join(f"{r['output_change']:>14.3f}" for r in results))

@@ -1,6 +1,6 @@
 """Head diversity: how different are the heads of an encoder (both papers argue diverse heads help)?
 
-    python -m studies.diversity RUN_DIR [RUN_DIR ...] [--study diversity] [--frames 32] [--recipe cpu]
+    python -m probes.diversity RUN_DIR [RUN_DIR ...] [--study diversity] [--frames 32] [--recipe cpu]
 
 Score per layer = 1 - mean pairwise linear CKA between the heads' outputs (every token of every image):
 identical heads give 0, orthogonal ones approach 1. A run's value is the mean over its first camera
@@ -70,7 +70,7 @@ def encoder_layers(run_dir: Path, frames: int) -> list[float]:
 def main(argv=None):
     from studies.records import Record, run_fields, save
 
-    parser = argparse.ArgumentParser(prog="python -m studies.diversity", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m probes.diversity", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="training run directories")
     parser.add_argument("--study", default="diversity", help="records go to RESULTS/STUDY/records.jsonl")
     parser.add_argument("--results", default="results")

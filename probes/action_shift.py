@@ -1,6 +1,6 @@
 """Does a corruption move the policy's actions, and does that predict the rollouts? Measured on dataset windows.
 
-    python -m studies.action_shift CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
+    python -m probes.action_shift CKPT_A CKPT_B ... [--frames 48] [--corruption brightness:1] [--json OUT]
 
 The whole policy (every camera, history To, head) on ``--frames`` dataset windows, clean and with every
 image corrupted; its first executed action (index To-1) against the demonstrator's: ``action_error``
@@ -24,7 +24,7 @@ from datasets.factory import make_dataset
 from datasets.sampler import SequenceDataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
 from envs.corruptions import corrupt
-from studies.feature_shift import encoder_input, measure_all, relative_change, save
+from probes.feature_shift import encoder_input, measure_all, relative_change, save
 
 ROBOSUITE_TASKS = ("lift", "can")  # their last action dimension is the gripper (open < 0 < closed)
 
@@ -111,7 +111,7 @@ def correlations(results: list[dict]) -> dict[str, float]:
 
 
 def main(argv=None):
-    args, results = measure_all(argv, "python -m studies.action_shift", __doc__, measure)
+    args, results = measure_all(argv, "python -m probes.action_shift", __doc__, measure)
     print(f"{'checkpoint':40s} {'arm error clean -> corrupted':>28s} {'change':>7s} {'bias':>6s} {'gripper':>8s} {'feature':>8s} {'rollout':>8s}")
     for r in results:
         e, s, g = r["action_error"], r["rollout_success"], r["gripper_flips"]
