@@ -7,6 +7,7 @@ from studies.evidence import AUGMENT, COLOUR, RANDOMISED, SHIFT
 from studies.study import Study
 
 FULL, FIB, LOOKHERE = {"attention": "full"}, {"attention": "fibottention"}, {"attention": "lookhere"}
+RESNET = {"attention": "full", "policy.encoder": "resnet18"}  # the field's default encoder: no attention (configs/encoder/resnet18.yaml)
 ENCODERS = (FULL, FIB, LOOKHERE)
 # the Fibottention authors' two settings, and the sparse baseline of their paper
 AUTHORS = ({**FIB, "attention.windows": "robot"}, {**FIB, "attention.mask_mode": "multiplicative"}, {"attention": "bigbird"})
@@ -49,6 +50,10 @@ STUDIES = {s.name: s for s in [
           variants=(AUGMENT,)),
     Study("scene_training", ("lift",), ("bc",), (FULL, FIB),
           {"clean": CLEAN, **corrupted(SHIFTED, {**SCENE_SHIFTS, **RECIPE_CORRUPTIONS})}, variants=SCENE_TRAINING),
+    # the field's default encoder beside two ViTs, in the papers' setting and with recipe=cpu's jitter (the ViT cells
+    # are those of robustness and scene_training: same overrides, same run directories)
+    Study("encoders", ("lift",), ("bc",), (RESNET, FULL, FIB), {"clean": CLEAN, **corrupted(SHIFTED, {**RECIPE_CORRUPTIONS, **SCENE_AT_2})},
+          variants=({}, AUGMENT)),
     Study("resolution", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN, **LARGER, **SLOPE_SCALED},
           only={name: LOOKHERE for name in SLOPE_SCALED}),
 ]}

@@ -73,6 +73,8 @@ ROBOT = Arm("Fibottention (robot windows) †", "fibottention", {"attention.wind
 MULT = Arm("Fibottention (multiplicative mask) †", "fibottention", {"attention.mask_mode": "multiplicative"}, authors=True)
 LOOKHERE = Arm("LookHere-90", "lookhere")
 BIGBIRD = Arm("BigBird", "bigbird")
+# the field's default encoder (policies/vision/resnet.py): no attention, so its runs record attention=full
+RESNET = Arm("ResNet-18", "full", {"policy.encoder": "resnet18"})
 PER_IMAGE = {"policy.vit.input_norm": "per_image"}
 AUGMENT = {"policy.image_aug.brightness": "0.3", "policy.image_aug.contrast": "0.5"}  # torchvision ColorJitter per image
 PLAIN_LOOKHERE = {"attention.global_slope": "1.0", "attention.rotate_directions": "false", "policy.vit.patch_size": "8",
@@ -89,6 +91,11 @@ SLOPE_SCALED = [Setting(f"rendered at {n} px", {"image_size": n, "attention": {"
 # both arms with recipe=cpu's jitter
 SCENE = [Setting(f"{kind} 2", {"corruption": [[kind, 2]]}) for kind in SCENE_KINDS]
 SCENE_JITTER = [replace(s, where=f"{s.where} (recipe=cpu's jitter)", overrides=AUGMENT) for s in SCENE]
+# the field's default encoder under item 1's evaluation of the recipe (four pixel corruptions) and the scene shifts,
+# in the papers' setting and with recipe=cpu's jitter
+PIXEL = [*CORRUPTED, Setting("gaussian noise 2", {"corruption": [["gaussian_noise", 2]]}), Setting("blur 2", {"corruption": [["blur", 2]]})]
+EVERY_SHIFT = [*CLEAN, *PIXEL, *SCENE]
+EVERY_SHIFT_JITTER = [replace(s, where=f"{s.where} (recipe=cpu's jitter)", overrides=AUGMENT) for s in EVERY_SHIFT]
 DIVERSITY = [Setting("1 − mean pairwise CKA of the heads' outputs")]
 
 LIFT = ("lift", "bc")
@@ -112,6 +119,8 @@ CLAIMS = [
     *grid(ROBUST + BASELINE, [ROBUSTNESS], [BIGBIRD], CORRUPTED, side_only=True),
     *grid(f"{SCENE_ROBUST} (Fibottention)", [ROBUSTNESS], [FIB], SCENE),
     *grid(f"{SCENE_ROBUST} (Fibottention)", [("scene_training", *LIFT)], [FIB], SCENE_JITTER),
+    *grid("The field's default encoder (ResNet-18; no claim)", [("encoders", *LIFT)], [RESNET], EVERY_SHIFT + EVERY_SHIFT_JITTER,
+          side_only=True),
     *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere", "lookhere")], LARGER),
     *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere (s_g scaled)", "lookhere")], SLOPE_SCALED),
     *grid(f"{DIVERSE} (Fibottention)", [("diversity", *LIFT)], [FIB, ROBOT, MULT], DIVERSITY, measure="head_diversity"),

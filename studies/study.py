@@ -93,7 +93,8 @@ class Cell:
         hashed = [f"{k}={v}" for k, v in self.overrides.items() if PAPERS_SETTING.get(k) != v]
         digest = hashlib.sha1(json.dumps(hashed).encode()).hexdigest()[:10]
         found = [*sorted(self.results.glob(f"cells/*_s{self.seed}_{digest}")), *sorted(self.results.glob(f"*/cells/*_s{self.seed}_{digest}"))]
-        return found[0] if found else self.results / "cells" / f"{self.task}_{self.policy}_{self.arm['attention']}_s{self.seed}_{digest}"
+        encoder = self.arm.get("policy.encoder", self.arm["attention"])  # resnet18 rather than its nominal attention
+        return found[0] if found else self.results / "cells" / f"{self.task}_{self.policy}_{encoder}_s{self.seed}_{digest}"
 
     def trained_step(self) -> int:
         from policies.checkpoint import checkpoint_step, newest_checkpoint

@@ -56,3 +56,14 @@ def test_a_fix_on_top_of_the_recipe_is_compared_with_the_recipe_not_the_papers_s
     assert full["itself without"] == full["full attention, with the fix"] == "—"
     assert fib["full attention"].startswith("+30 [") and fib["itself without"].startswith("+50 [")  # 70% vs 40%, vs its own 20%
     assert fib["full attention, with the fix"].startswith("-20 [")
+
+
+def test_the_resnet_baseline_is_its_own_arm_beside_full_attention_of_the_same_study(tmp_path):
+    from studies.evidence import RESNET
+
+    resnet = [Record("lift", "bc", "full", 4000, {"policy.encoder": "resnet18"}, s, {}, 40, 50) for s in range(3)]
+    save(tmp_path, "encoders", [*resnet, *_seeds("full", {}, 49, episodes=50)])
+    rows = [studies.claims.measure(c, studies.claims.load_all(tmp_path)) for c in CLAIMS if c.arm == RESNET and c.where == "clean"]
+    # 80% against 98%: the ResNet's records are not full attention's, though both say attention=full
+    assert len(rows) == 1 and rows[0]["measurement"] == "lift bc, clean, ResNet-18 − full"
+    assert rows[0]["effect"].startswith("-18 [") and rows[0]["verdict"] == "worse than full attention"

@@ -143,6 +143,9 @@ def test_every_study_of_the_catalog_composes_and_names_its_cells_as_before(tmp_p
     # the names of cells trained before recipe=cpu jittered images (the papers' setting is not hashed)
     assert Cell("lift", "bc", FULL, 0, "cpu", results=tmp_path).run_dir.name == "lift_bc_full_s0_f05f5012ea"
     assert Cell("can", "bc", FULL, 0, "cpu", results=tmp_path).run_dir.name == "can_bc_full_s0_351c598c92"
+    # the ResNet-18 baseline is named by its encoder, not by the attention it nominally keeps
+    resnet = Cell("lift", "bc", STUDIES["encoders"].arms[0], 0, "cpu", results=tmp_path)
+    assert resnet.run_dir.name.startswith("lift_bc_resnet18_s0_") and "policy.encoder=resnet18" in resnet.args
     assert cell.run_dir == old and cell.args[:7] == ["task=lift", "policy=bc", "attention=fibottention", "recipe=cpu",
                                                           "seed=0", "eval.num_episodes=0", "attention.windows=robot"]
 
