@@ -1,15 +1,16 @@
-"""The ResNet-18 baseline against the ViT encoders: one BC training step and one replanning call, on one thread.
+"""The ResNet-18 baseline against the ViT encoders: one training step and one replanning call, on one thread.
 
-    python -m benchmarks.encoder_speed                     # Lift, 84 px, batch 64, 1 thread
+    python -m benchmarks.encoder_speed                     # Lift BC, batch 64, 1 thread
+    python -m benchmarks.encoder_speed --task can          # Can BC;  --task pusht: PushT diffusion
     python -m benchmarks.encoder_speed --rounds 10 --batch-size 32
 
-Every row is BC (MLP head) on Lift's observation as ``recipe=cpu`` trains it (the agentview camera
-uncropped at 84 px, one camera frame, two low-dim steps), built from the real configs with only the
-encoder changed: ``encoder=resnet18`` against the ViT with ``attention=full``, ``fibottention`` and
-``lookhere`` (their default sizes, no per-attention recipe pieces, so the encoders alone differ).
+Every row is the task's policy as ``recipe=cpu`` trains it (Lift and Can BC, PushT diffusion: the
+recipe's cameras, crop, patches, read-out, history and photometric jitter), built from the real
+configs with only the encoder changed: ``encoder=resnet18`` against the ViT with ``attention=full``,
+``fibottention`` and ``lookhere`` (the recipe's per-attention pieces included, as a user trains them).
 Data are random tensors of those shapes. Timing as ``policy_speed.py`` (its ``Bench``): forward +
 backward + AdamW per train step, median over interleaved rounds; latency: batch 1,
-``predict_action_chunk``. Writes ``<out>/<name>.json`` and ``.md`` and prints the table.
+``predict_action_chunk``. Writes ``<out>/<task>_cpu_<threads>thread.json`` and ``.md`` and prints the table.
 """
 from __future__ import annotations
 
@@ -21,10 +22,8 @@ import torch
 
 from benchmarks.policy_speed import Bench, build, cpu_model, write_report
 
-TASK, POLICY = "lift", "bc"
-# recipe=cpu's Lift observation (configs/recipe/task/cpu/lift.yaml, recipe/cpu.yaml) and BC's MLP head
-LIFT_84 = ["task.crop_size=84", "task.input_shapes.robot0_eye_in_hand_image=null", "policy.drop_crop_remainder=true",
-           "policy.n_image_obs_steps=1", "policy.head=mlp"]
+# each task's policy in the CPU recipe (README "Recipes")
+POLICIES = {"lift": "bc", "can": "bc", "pusht": "diffusion"}
 # row label -> (attention, extra overrides); the ResNet takes no attention (its group sets full)
 ENCODERS = {
     "resnet18": ("full", ["encoder=resnet18"]),
@@ -35,7 +34,7 @@ ENCODERS = {
 
 
 def to_markdown(rows: list[dict], meta: dict) -> str:
-    lines = [f"BC on Lift ({meta['image']} px, one camera frame), batch {meta['batch_size']}, {meta['threads']} thread, "
+    lines = [f"{meta['policy']} on {meta['task']} as recipe=cpu trains it, batch {meta['batch_size']}, {meta['threads']} thread, "
              f"{meta['device_model']}, torch {meta['torch']}; median of {meta['rounds']} interleaved rounds. "
              f"Load average before/after: {meta['loadavg_before']} / {meta['loadavg_after']}.",
              "",
@@ -49,6 +48,7 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", default="lift", choices=list(POLICIES))
     ap.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
     ap.add_argument("--batch-size", type=int, default=64, help="train.batch_size's default")
     ap.add_argument("--threads", type=int, default=1)
@@ -56,19 +56,20 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="timed train steps per encoder (one per round)")
     ap.add_argument("--latency-calls", type=int, default=3, help="timed latency calls per encoder and round")
     ap.add_argument("--out", default="results/encoder_speed")
-    ap.add_argument("--name", default="cpu_1thread")
+    ap.add_argument("--name", help="default: <task>_cpu_<threads>thread")
     args = ap.parse_args(argv)
+    policy_name = POLICIES[args.task]
 
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
-    meta = {"device_model": cpu_model(), "torch": torch.__version__, "threads": args.threads, "image": 84,
+    meta = {"device_model": cpu_model(), "torch": torch.__version__, "threads": args.threads, "task": args.task, "policy": policy_name,
             "batch_size": args.batch_size, "warmup": args.warmup, "rounds": args.rounds, "latency_calls": args.latency_calls,
-            "overrides": LIFT_84, "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+            "recipe": "cpu", "loadavg_before": [round(x, 2) for x in os.getloadavg()],
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     benches = []
     for label in args.encoders:
         attention, extra = ENCODERS[label]
-        policy, pc = build(TASK, POLICY, attention, [*LIFT_84, *extra])
+        policy, pc = build(args.task, policy_name, attention, extra, recipe="cpu")
         row = {"encoder": label, "attention": attention, "overrides": extra,
                "params_M": sum(p.numel() for p in policy.parameters()) / 1e6,
                "encoder_params_M": sum(p.numel() for p in policy.obs_encoder.parameters()) / 1e6,
@@ -85,7 +86,7 @@ def main(argv=None) -> None:
                 bench.latency_call()
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     rows = [{**row, **bench.summary(args.batch_size)} for row, bench in benches]
-    write_report(args.out, args.name, meta, rows, to_markdown)
+    write_report(args.out, args.name or f"{args.task}_cpu_{args.threads}thread", meta, rows, to_markdown)
 
 
 if __name__ == "__main__":

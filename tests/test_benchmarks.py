@@ -38,3 +38,17 @@ def test_visible_pairs_count_what_the_masks_let_through():
     lh = visible_fraction("lookhere-dense", 8, (9, 9), False)
     assert 3 / 8 + 5 / 8 * 0.25 < lh < 3 / 8 + 5 / 8 * 0.35
     assert visible_fraction("lookhere45-dense", 8, (9, 9), False) < lh
+
+
+def test_the_encoder_benchmark_builds_each_tasks_recipe_policy_with_only_the_encoder_changed(tmp_path):
+    from benchmarks.encoder_speed import main
+
+    main(["--task", "pusht", "--encoders", "resnet18", "vit full", "--rounds", "1", "--warmup", "0", "--latency-calls", "1",
+          "--batch-size", "2", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "pusht_cpu_1thread.json").read_text())
+    assert (report["meta"]["task"], report["meta"]["policy"], report["meta"]["recipe"]) == ("pusht", "diffusion", "cpu")
+    resnet, vit = report["results"]
+    # the recipe's whole 96-px frame reaches both; torchvision's ResNet-18 trunk is 11.2M parameters, the ViT 0.29M
+    assert resnet["crop_size"] == vit["crop_size"] == 96 and resnet["input_shapes"] == vit["input_shapes"]
+    assert round(resnet["encoder_params_M"], 1) == 11.2 and vit["encoder_params_M"] < 0.5
+    assert len(resnet["train_step_s_all"]) == 1
