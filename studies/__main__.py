@@ -2,6 +2,7 @@
 
     python -m studies show robustness            # the commands it would run; nothing runs
     python -m studies run robustness [--budget cpu] [--seeds 0,1] [--jobs 2] [--engine joblib|local|slurm]
+    python -m studies run scene_training --arms full --variants 0 --seeds 1 --settings clean,camera2   # a part of it
     python -m studies add robustness RUN_DIR ... [--recipe cpu] [--evals clean,brightness1]   # docs/studies.md
 """
 from __future__ import annotations
@@ -24,6 +25,10 @@ def seeds(text: str) -> tuple[int, ...]:
     raise argparse.ArgumentTypeError(f"{text!r}: give non-negative integers, comma-separated (e.g. 0,1,2)")
 
 
+def names(text: str) -> list[str]:
+    return text.split(",")
+
+
 def parse(argv):
     parser = argparse.ArgumentParser(prog="python -m studies", description=__doc__.splitlines()[0])
     parser.add_argument("verb", choices=["show", "run", "add"])
@@ -31,9 +36,14 @@ def parse(argv):
     parser.add_argument("runs", nargs="*", help="add: training run directories")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
     parser.add_argument("--seeds", type=seeds, help="the budget's seeds, replaced: comma-separated")
+    parser.add_argument("--arms", type=names, help="show/run: only these arms (full, fibottention, resnet18, "
+                        "fibottention:windows=robot, ...), comma-separated")
+    parser.add_argument("--variants", type=seeds, help="show/run: only these variants, by index from 0, comma-separated")
+    parser.add_argument("--settings", type=names, help="show/run: only these rollout settings (clean, camera2, ...), comma-separated")
+    parser.add_argument("--workers", type=int, help="show/run: environment processes per evaluation (the budget's: 2 on cpu)")
     parser.add_argument("--results", default="results", help="records, tables and cells/ (default results/)")
     parser.add_argument("--recipe", default="cpu", help="add: the recipe the runs were trained with")
-    parser.add_argument("--evals", type=lambda t: t.split(","), help="add: only these folders of RUN_DIR/eval/, comma-separated "
+    parser.add_argument("--evals", type=names, help="add: only these folders of RUN_DIR/eval/, comma-separated "
                         "(default: every one)")
     parser.add_argument("--engine", choices=["joblib", "local", "slurm"], default="joblib", help="joblib, or submitit's local / slurm")
     parser.add_argument("--jobs", type=int, default=1, help="joblib: commands at once")
@@ -74,8 +84,9 @@ def main(argv=None) -> list[str]:
             print(f"{args.study}: {save(results, args.study, records)} new or changed of {len(records)} records; "
                   f"python -m studies.claims rebuilds the tables")
             return []
-        budget = replace(BUDGETS[args.budget], **({"seeds": args.seeds} if args.seeds else {}))
-        study = STUDIES[args.study]
+        budget = replace(BUDGETS[args.budget], **({"seeds": args.seeds} if args.seeds else {}),
+                         **({"workers": args.workers} if args.workers is not None else {}))
+        study = STUDIES[args.study].select(args.arms, args.variants, args.settings)
         if args.verb == "show":
             for cell in study.cells(budget, results):
                 print(shlex.join(["python", *cell.train_command()[1:]]))

@@ -13,7 +13,7 @@ import hashlib
 import json
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from studies.records import PAPERS_SETTING
@@ -51,6 +51,25 @@ class Study:
     variants: tuple[dict, ...] = ({},)  # more training overrides crossed with the grid (e.g. train.max_episodes: 10)
     only: dict[str, dict] = field(default_factory=dict)  # setting -> the one arm it applies to (an attention-specific option)
 
+    def select(self, arms: list[str] | None = None, variants: list[int] | None = None,
+               settings: list[str] | None = None) -> Study:
+        """The same study on fewer arms (by ``arm_name``), variants (by index) or settings (by name): a part of
+        it run now. Its cells are the whole study's (same directories); an unknown name is one line."""
+        def chosen(what: str, given, known: list):
+            unknown = [g for g in given if g not in known]
+            if unknown:
+                raise ValueError(f"study {self.name} has no {what} {', '.join(map(str, unknown))}: choose from "
+                                 f"{', '.join(map(str, known))}")
+            return given
+
+        names = [arm_name(a) for a in self.arms]
+        return replace(
+            self,
+            arms=tuple(a for a in self.arms if arms is None or arm_name(a) in chosen("arm", arms, names)),
+            variants=tuple(v for i, v in enumerate(self.variants)
+                           if variants is None or i in chosen("variant", variants, list(range(len(self.variants))))),
+            settings={k: v for k, v in self.settings.items() if settings is None or k in chosen("setting", settings, list(self.settings))})
+
     def cells(self, budget: Budget, results: Path) -> list[Cell]:
         return [Cell(t, p, arm, s, budget.recipe, {**budget.train_overrides, **v}, Path(results).absolute())
                 for t in self.tasks for p in self.policies for arm in self.arms for v in self.variants for s in budget.seeds]
@@ -60,6 +79,13 @@ class Study:
         return {name: [f"{k}={v}" for k, v in {**{k: str(v).format(**asdict(budget)) for k, v in opts.items()},
                                                 **budget.rollout_overrides}.items()]
                 for name, opts in self.settings.items() if cell is None or self.only.get(name, cell.arm) == cell.arm}
+
+
+def arm_name(arm: dict) -> str:
+    """How the command line names an arm: its encoder or attention kind, then its attention fields
+    (``fibottention:windows=robot``)."""
+    fields = [f"{k.removeprefix('attention.')}={v}" for k, v in arm.items() if k.startswith("attention.")]
+    return ":".join([arm.get("policy.encoder", arm["attention"]), *fields])
 
 
 @dataclass(frozen=True, eq=False)

@@ -3,6 +3,7 @@ invariants of the measurements the analyses make."""
 import json
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,6 +161,27 @@ def test_show_prints_the_two_commands_of_every_cell(tmp_path, capsys):
     with pytest.raises(SystemExit):
         studies_main(["run", "robustnes"])
     assert "unknown study 'robustnes'" in capsys.readouterr().err
+
+
+def test_a_part_of_a_study_is_its_own_cells_and_settings_and_a_wrong_name_is_one_line(tmp_path, capsys):
+    whole = {c.run_dir: c for c in STUDIES["scene_training"].cells(BUDGETS["cpu"], tmp_path)}
+    studies_main(["show", "scene_training", "--arms", "fibottention", "--variants", "1", "--seeds", "2",
+                  "--settings", "clean,camera2", "--workers", "1", "--results", str(tmp_path)])
+    train, clean, camera = capsys.readouterr().out.splitlines()
+    run_dir = train.rsplit("run_dir=", 1)[1]
+    # the one cell of the whole study with that arm, variant (the random shift) and seed, in the same directory
+    assert whole[Path(run_dir)].arm == {"attention": "fibottention"} and "policy.image_aug.shift=4 " in train and "seed=2 " in train
+    assert clean.endswith("num_episodes=50 workers=1") and camera.endswith("workers=1 max_steps=200 corruption=camera:2")
+    part = STUDIES["robustness"].select(arms=["fibottention:windows=robot", "full"], settings=["lighting2"])
+    assert [a.get("attention.windows") for a in part.arms] == [None, "robot"] and list(part.settings) == ["lighting2"]
+    for argv, message in [(["--arms", "fib"], "study robustness has no arm fib: choose from full, fibottention, lookhere, "),
+                          (["--variants", "1"], "study robustness has no variant 1: choose from 0"),
+                          (["--settings", "camera3"], "study robustness has no setting camera3: choose from clean, brightness1,")]:
+        with pytest.raises(SystemExit):
+            studies_main(["run", "robustness", *argv, "--results", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m studies: error: {message}") and err.count("\n") == 1
+    assert not (tmp_path / "cells").exists()  # refused before anything ran
 
 
 def test_show_into_a_reader_that_stops_early_ends_quietly(tmp_path):
