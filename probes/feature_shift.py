@@ -97,7 +97,7 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
             "input_norm": meta["policy_config"]["vit"].get("input_norm", "fixed"), "frames": frames, "corruption": f"{kind}:{severity}", "stages": rows}
 
 
-def corruption(text: str) -> tuple[str, int]:
+def corruption_arg(text: str) -> tuple[str, int]:
     """argparse type of ``KIND:SEVERITY`` (``envs.corruptions``)."""
     try:
         return parse_shifts(text)[0]
@@ -105,20 +105,23 @@ def corruption(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def measure_all(argv, prog: str, doc: str, measure) -> tuple[argparse.Namespace, list[dict]]:
-    """The analyses' command line: ``measure`` every checkpoint; a missing or wrong one ends in one line."""
+def measure_all(argv, prog: str, doc: str, measure, corruption: bool = True) -> tuple[argparse.Namespace, list[dict]]:
+    """The probes' command line: ``measure`` every checkpoint (under ``--corruption`` unless the probe takes
+    none); a missing or wrong one ends in one line."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     parser.add_argument("checkpoints", nargs="+")
     parser.add_argument("--frames", type=int, default=48)
-    parser.add_argument("--corruption", type=corruption, default="brightness:1", help="KIND:SEVERITY, e.g. contrast:2")
+    if corruption:
+        parser.add_argument("--corruption", type=corruption_arg, default="brightness:1", help="KIND:SEVERITY, e.g. contrast:2")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    kind, severity = args.corruption
+    shift = args.corruption if corruption else ()
     try:
-        results = [measure(c, args.frames, kind, severity) for c in args.checkpoints]
+        results = [measure(c, args.frames, *shift) for c in args.checkpoints]
     except (ValueError, FileNotFoundError, KeyError) as exc:
         parser.error(" ".join(str(exc).split("\n")))
-    args.corruption = f"{kind}:{severity}"
+    if corruption:
+        args.corruption = "{}:{}".format(*shift)
     return args, results
 
 

@@ -1,7 +1,9 @@
 """Lift and Can end to end at a tiny size: two scripted demos -> hdf5 -> one training step -> one rollout."""
 import json
 
+import numpy as np
 import pytest
+import torch
 
 from core.evaluation import evaluate_checkpoint
 from core.training import train
@@ -54,6 +56,36 @@ def test_can_generate_train_step_and_rollout(tmp_path, tmp_path_factory):
     dataset = _two_demos(tmp_path_factory, "can")
     assert describe(dataset)["env_name"] == "PickPlaceCan"
     _train_and_roll_out(tmp_path, "can", dataset, "bc")
+
+
+def test_vision_reliance_is_zero_for_a_policy_that_does_not_look_and_positive_for_one_that_does(tmp_path, two_demo_lift):
+    from torch import nn
+
+    from probes.vision_reliance import measure, reliance, swapped
+
+    overrides = ["task=lift", "policy=bc", "attention=full", "recipe=none", f"task.dataset.path={two_demo_lift}",
+                 f"run_dir={tmp_path / 'run'}", "train.steps=1", "train.batch_size=4", "train.warmup_steps=1",
+                 "train.val_fraction=0.5", "train.checkpoint_every=1", *TINY_POLICY]
+    train(compose(overrides))
+    looks = measure(tmp_path / "run", 8)
+    assert looks["reliance"] > 0 and looks["action_change"] > 0 and looks["action_spread"] > 0
+    assert looks["action_error"]["own images"] != looks["action_error"]["swapped images"]
+
+    from policies.checkpoint import load_policy, read_checkpoint_meta
+    from probes.action_shift import windows
+
+    policy = load_policy(tmp_path / "run").eval()
+    batch = windows(policy, read_checkpoint_meta(tmp_path / "run"), 8)
+    key = policy.config.image_keys[0]
+    assert np.array_equal(swapped(batch, [key])[key][0], batch[key][4]) and swapped(batch, [key])["action"] is batch["action"]
+
+    class Blind(nn.Module):  # every image gives the same features: the policy acts on its low-dim input alone
+        def forward(self, x):
+            return torch.zeros(x.shape[0], policy.config.feature_dim)
+
+    policy.obs_encoder.vits = nn.ModuleList(Blind() for _ in policy.obs_encoder.vits)
+    blind = reliance(policy, batch)
+    assert blind["reliance"] == blind["action_change"] == 0.0 and blind["action_spread"] > 0
 
 
 def test_action_shift_sees_no_change_without_a_corruption_and_reads_the_rollouts(tmp_path, two_demo_lift):

@@ -45,7 +45,7 @@ def test_activation_patching_reproduces_the_encoder_and_restoring_a_path_removes
     assert 0 < restored["block0.head1"] < r0 * 1.5 and restored["every block's MLP"] < r0
 
 
-@pytest.mark.parametrize("module", ["feature_shift", "shift_patching", "action_shift"])
+@pytest.mark.parametrize("module", ["feature_shift", "shift_patching", "action_shift", "vision_reliance"])
 def test_the_encoder_analyses_end_a_bad_checkpoint_or_corruption_in_one_line(module, tmp_path, capsys):
     import importlib
 
@@ -54,6 +54,8 @@ def test_the_encoder_analyses_end_a_bad_checkpoint_or_corruption_in_one_line(mod
         main([str(tmp_path / "missing")])
     err = capsys.readouterr().err
     assert "error: no checkpoint at" in err and "Traceback" not in err
+    if module == "vision_reliance":  # it swaps images between windows: no corruption to give
+        return
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--corruption", "bright"])
     assert "corruption='bright': give KIND:SEVERITY" in capsys.readouterr().err
