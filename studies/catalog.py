@@ -28,7 +28,9 @@ def corrupted(options: dict, corruptions: dict) -> dict:
 # jitter beside it, and demonstrations rendered under randomised scenes (generate_demos.py scene_randomization=all,
 # severities up to envs.scene_shifts.TRAINING_RANGE = 2: severity 3 is out of the training range)
 SCENE_TRAINING = (AUGMENT, {**AUGMENT, **SHIFT}, {**AUGMENT, **SHIFT, **COLOUR}, {**AUGMENT, **RANDOMISED},
-                  {**AUGMENT, **RANDOMISED, **SHIFT, **COLOUR})
+                  {**AUGMENT, **RANDOMISED, **SHIFT, **COLOUR},
+                  # hue/saturation without the shift: the shift made every policy stop looking (probes.vision_reliance)
+                  {**AUGMENT, **COLOUR})
 SCENE_SHIFTS = {f"{kind}{s}": f"{kind}:{s}" for kind in SCENE_KINDS for s in SCENE_SEVERITIES}
 SCENE_AT_2 = {f"{kind}2": f"{kind}:2" for kind in SCENE_KINDS}  # the papers' setting, for comparison
 

@@ -144,6 +144,7 @@ FIXES = {"per-image": Fix("per-image input", PER_IMAGE, (FULL, FIB)),
          "shift": Fix("random shift", SHIFT, (FULL, FIB), **SCENE_FIX),
          "shift-colour": Fix("random shift + hue/saturation", {**SHIFT, **COLOUR}, (FULL, FIB), **SCENE_FIX),
          "randomised": Fix("randomised-scene demonstrations", RANDOMISED, (FULL, FIB), **SCENE_FIX),
+         "colour": Fix("hue/saturation jitter", COLOUR, (FULL, FIB), **SCENE_FIX),
          "randomised-shift-colour": Fix("randomised scenes + shift + hue/saturation", {**RANDOMISED, **SHIFT, **COLOUR}, (FULL, FIB),
                                         **SCENE_FIX)}
 # the README's evidence table: (label, arm, the study of its clean row, of its other conditions, task, policy)
