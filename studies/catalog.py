@@ -2,8 +2,8 @@
 A grid (tasks x policies x arms x variants x the budget's seeds) of override mappings and named rollout
 settings, whose "{episodes}", "{shifted_episodes}", "{workers}" come from the budget. A new study is one more entry.
 """
-from envs.scene_shifts import SCENE_KINDS, SCENE_SEVERITIES
-from studies.evidence import AUGMENT, COLOUR, RANDOMISED, SHIFT
+from envs.scene_shifts import SCENE_KINDS, SCENE_SEVERITIES, scene_kinds_of
+from studies.evidence import AUGMENT, COLOUR, RANDOMISED, SHIFT, WRIST
 from studies.study import Study
 
 FULL, FIB, LOOKHERE = {"attention": "full"}, {"attention": "fibottention"}, {"attention": "lookhere"}
@@ -30,9 +30,16 @@ def corrupted(options: dict, corruptions: dict) -> dict:
 SCENE_TRAINING = (AUGMENT, {**AUGMENT, **SHIFT}, {**AUGMENT, **SHIFT, **COLOUR}, {**AUGMENT, **RANDOMISED},
                   {**AUGMENT, **RANDOMISED, **SHIFT, **COLOUR},
                   # hue/saturation without the shift: the shift made every policy stop looking (probes.vision_reliance)
-                  {**AUGMENT, **COLOUR})
+                  {**AUGMENT, **COLOUR},
+                  # a second view that a moved agentview leaves where it was
+                  {**AUGMENT, **WRIST})
 SCENE_SHIFTS = {f"{kind}{s}": f"{kind}:{s}" for kind in SCENE_KINDS for s in SCENE_SEVERITIES}
-SCENE_AT_2 = {f"{kind}2": f"{kind}:2" for kind in SCENE_KINDS}  # the papers' setting, for comparison
+
+
+def scene_at_2(task: str) -> dict:
+    """The scene shifts ``task`` renders, at severity 2 (PushT has no light)."""
+    return {f"{kind}2": f"{kind}:2" for kind in scene_kinds_of(task)}
+
 
 LARGER = {f"{n}px": {**SHIFTED, "image_size": str(n)} for n in (112, 128)}
 SLOPE_SCALED = {f"{n}px_slope": {**SHIFTED, "image_size": str(n), "global_slope": str(84 / n)} for n in (112, 128)}
@@ -42,19 +49,20 @@ STUDIES = {s.name: s for s in [
     Study("data_efficiency", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN},
           variants=tuple({"train.steps": "2000", "train.max_episodes": str(n)} for n in (10, 25, 50))),
     Study("robustness", ("lift",), ("bc",), ENCODERS + AUTHORS,
-          {"clean": CLEAN, **corrupted(SHIFTED, CORRUPTIONS), **corrupted(SHIFTED, SCENE_AT_2)}),
+          {"clean": CLEAN, **corrupted(SHIFTED, CORRUPTIONS), **corrupted(SHIFTED, scene_at_2("lift"))}),
     # the papers' other two tasks, each with the policy of its measured CPU recipe (README "Recipes")
     Study("can", ("can",), ("bc",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, CORRUPTIONS)}),
     Study("pusht", ("pusht",), ("diffusion",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, CORRUPTIONS)}),
-    # the recommended recipe where it is recommended: Can BC and PushT diffusion with recipe=cpu's jitter
-    Study("can_recipe", ("can",), ("bc",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, RECIPE_CORRUPTIONS)}, variants=(AUGMENT,)),
-    Study("pusht_recipe", ("pusht",), ("diffusion",), ENCODERS, {"clean": CLEAN, **corrupted(AT_HORIZON, RECIPE_CORRUPTIONS)},
-          variants=(AUGMENT,)),
+    # the recommended recipe where it is recommended: Can BC and PushT diffusion with recipe=cpu's jitter, under the
+    # pixel corruptions and the scene shifts the task renders
+    *(Study(f"{task}_recipe", (task,), (policy,), ENCODERS,
+            {"clean": CLEAN, **corrupted(AT_HORIZON, {**RECIPE_CORRUPTIONS, **scene_at_2(task)})}, variants=(AUGMENT,))
+      for task, policy in (("can", "bc"), ("pusht", "diffusion"))),
     Study("scene_training", ("lift",), ("bc",), (FULL, FIB),
           {"clean": CLEAN, **corrupted(SHIFTED, {**SCENE_SHIFTS, **RECIPE_CORRUPTIONS})}, variants=SCENE_TRAINING),
     # the field's default encoder beside two ViTs, in the papers' setting and with recipe=cpu's jitter (the ViT cells
     # are those of robustness and scene_training: same overrides, same run directories)
-    Study("encoders", ("lift",), ("bc",), (RESNET, FULL, FIB), {"clean": CLEAN, **corrupted(SHIFTED, {**RECIPE_CORRUPTIONS, **SCENE_AT_2})},
+    Study("encoders", ("lift",), ("bc",), (RESNET, FULL, FIB), {"clean": CLEAN, **corrupted(SHIFTED, {**RECIPE_CORRUPTIONS, **scene_at_2("lift")})},
           variants=({}, AUGMENT)),
     Study("resolution", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN, **LARGER, **SLOPE_SCALED},
           only={name: LOOKHERE for name in SLOPE_SCALED}),

@@ -181,7 +181,7 @@ def lottery(records: dict[str, list[Record]]) -> list[list]:
 def fix_table(records: dict[str, list[Record]], fix) -> list[dict]:
     """A training-side fix per encoder and condition, against full attention on the recipe's input, the encoder
     itself without the fix, and full attention with the fix (each "—" where it is the row itself)."""
-    records, out = records.get(fix.study, []), []
+    records, out = [r for study in (fix.study, *fix.also) for r in records.get(study, [])], []
     conditions = sorted({json.dumps(r.condition): r.condition for r in records}.values(), key=lambda c: (c != {}, condition_text(c)))
     for arm, c in ((with_overrides(a, fix.base), c) for a in fix.encoders for c in conditions):
         fixed = with_overrides(arm, fix.overrides)

@@ -67,3 +67,26 @@ def test_the_resnet_baseline_is_its_own_arm_beside_full_attention_of_the_same_st
     # 80% against 98%: the ResNet's records are not full attention's, though both say attention=full
     assert len(rows) == 1 and rows[0]["measurement"] == "lift bc, clean, ResNet-18 − full"
     assert rows[0]["effect"].startswith("-18 [") and rows[0]["verdict"] == "worse than full attention"
+
+
+def test_the_recipe_on_another_task_is_compared_with_that_tasks_papers_setting_study(tmp_path):
+    from studies.evidence import AUGMENT, FIXES
+
+    def cell(attention, overrides, successes, condition=None):
+        return [Record("pusht", "diffusion", attention, 15000, overrides, s, condition or {}, successes, 50) for s in range(3)]
+
+    save(tmp_path, "pusht", [*cell("full", {}, 32), *cell("fibottention", {}, 30)])  # the papers' setting, its own study
+    save(tmp_path, "pusht_recipe", [*cell("full", AUGMENT, 22), *cell("fibottention", AUGMENT, 25),
+                                    *cell("full", AUGMENT, 20, {"corruption": [["camera", 2]]})])
+    full, full_camera, fib = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-pusht"])
+    assert (full["encoder"], full["condition"]) == ("full", "clean") and full["full attention"].startswith("-20 [")  # 44% vs 64%
+    assert full_camera["condition"] == "camera 2" and full_camera["full attention"] == "—"  # no camera cell without the jitter
+    assert fib["itself without"].startswith("-10 [") and fib["full attention, with the fix"].startswith("+6 [")  # 50% vs 60%, vs 44%
+
+
+def test_each_task_is_evaluated_under_the_scene_shifts_it_renders():
+    assert [n for n in STUDIES["pusht_recipe"].settings if n[-1] == "2" and n[:-1] in ("lighting", "colour", "camera")] == \
+        ["colour2", "camera2"]
+    assert {"lighting2", "colour2", "camera2"} <= set(STUDIES["can_recipe"].settings)
+    rows = [c.where for c in CLAIMS if c.study == "pusht_recipe" and c.claim.startswith("More robust to scene shifts")]
+    assert rows and not any(w.startswith("lighting") for w in rows)
