@@ -225,6 +225,9 @@ class RolloutConfig(InferenceOverrides, RolloutOptions):
     overwrite: bool = False  # replace an earlier evaluation in out_dir
     device: str = "auto"
     max_steps: Optional[int] = None  # cap on episode length (default: the task's)
+    # torch intra-op threads on CPU (None: torch's default, one per core). On a machine that runs anything else
+    # (another evaluation, a training, the environment workers) give 1: idle threads spin against the busy ones
+    num_threads: Optional[int] = None
     task: Optional[Any] = None  # never set: the checkpoint fixes the task (here so task= gets that answer)
 
     def __post_init__(self):
@@ -233,7 +236,7 @@ class RolloutConfig(InferenceOverrides, RolloutOptions):
                              "task it was trained on, recorded in its config.json); drop task=")
         RolloutOptions.__post_init__(self)
         InferenceOverrides.__post_init__(self)
-        _at_least("", self, ("num_episodes", "max_steps"), 1)
+        _at_least("", self, ("num_episodes", "max_steps", "num_threads"), 1)
 
 
 # --- registration and composition ---------------------------------------------------------------

@@ -304,6 +304,8 @@ def run(cfg: RolloutConfig) -> dict:
     if cfg.seed < EVAL_SEED_START:
         print(f"warning: seed={cfg.seed} is below {EVAL_SEED_START}: these initial states may overlap the demonstrations",
               file=sys.stderr)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
     ckpt = resolve_checkpoint(cfg.checkpoint)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else rollout_out_dir(cfg, ckpt)
     written = WrittenFiles(out_dir)

@@ -43,6 +43,16 @@ def test_rollout_cli_writes_summary(tiny_checkpoint, tmp_path, capsys):
     assert f"success {summary['successes']}/1" in capsys.readouterr().out
 
 
+def test_rollout_num_threads_is_torchs_and_the_default_leaves_it(tiny_checkpoint, tmp_path, monkeypatch):
+    # beside another job, torch's one-thread-per-core default spins against it: a study's evaluations give 1
+    calls = []
+    monkeypatch.setattr(evaluation.torch, "set_num_threads", calls.append)
+    for n, threads in enumerate(([], ["num_threads=1"])):
+        _rollout(f"checkpoint={tiny_checkpoint}", "num_episodes=1", "max_steps=2", "num_videos=0", f"out_dir={tmp_path / str(n)}",
+                 *threads)
+    assert calls == [1]
+
+
 def test_each_evaluation_gets_its_own_folder(tiny_checkpoint, tmp_path):
     import shutil
 
@@ -93,6 +103,7 @@ def test_rollout_workers_start_inside_a_joblib_loky_worker(tiny_checkpoint):
     (["checkpoint=/nonexistent"], "rollout.py: error: no checkpoint at /nonexistent"),
     (["checkpoint=x", "num_episodes=0"], "rollout.py: error: num_episodes must be >= 1, got 0"),
     (["checkpoint=x", "workers=-1"], "rollout.py: error: workers must be >= 0, got -1"),
+    (["checkpoint=x", "num_threads=0"], "rollout.py: error: num_threads must be >= 1, got 0"),
 ])
 def test_rollout_bad_arguments_are_one_clear_message(args, message):
     proc = run_command(["rollout.py", *args], timeout=120)

@@ -156,8 +156,8 @@ def test_show_prints_the_two_commands_of_every_cell(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("python train_policy.py task=lift policy=bc attention=full recipe=cpu seed=1 eval.num_episodes=0 "
                                "policy.image_aug.brightness=0.0 policy.image_aug.contrast=0.0 run_dir=")  # the papers' setting
-    assert lines[2].endswith("num_episodes=30 workers=2 max_steps=200 corruption=brightness:1") and len(lines) == 6 * (1 + 6)
-    assert lines[6].endswith("max_steps=200 corruption=camera:2")  # the scene shifts, rendered by the simulator
+    assert lines[2].endswith("num_episodes=30 workers=2 max_steps=200 corruption=brightness:1 num_threads=1") and len(lines) == 6 * (1 + 6)
+    assert lines[6].endswith("max_steps=200 corruption=camera:2 num_threads=1")  # the scene shifts, rendered by the simulator
     with pytest.raises(SystemExit):
         studies_main(["run", "robustnes"])
     assert "unknown study 'robustnes'" in capsys.readouterr().err
@@ -171,7 +171,7 @@ def test_a_part_of_a_study_is_its_own_cells_and_settings_and_a_wrong_name_is_one
     run_dir = train.rsplit("run_dir=", 1)[1]
     # the one cell of the whole study with that arm, variant (the random shift) and seed, in the same directory
     assert whole[Path(run_dir)].arm == {"attention": "fibottention"} and "policy.image_aug.shift=4 " in train and "seed=2 " in train
-    assert clean.endswith("num_episodes=50 workers=1") and camera.endswith("workers=1 max_steps=200 corruption=camera:2")
+    assert clean.endswith("num_episodes=50 workers=1 num_threads=1") and camera.endswith("workers=1 max_steps=200 corruption=camera:2 num_threads=1")
     part = STUDIES["robustness"].select(arms=["fibottention:windows=robot", "full"], settings=["lighting2"])
     assert [a.get("attention.windows") for a in part.arms] == [None, "robot"] and list(part.settings) == ["lighting2"]
     for argv, message in [(["--arms", "fib"], "study robustness has no arm fib: choose from full, fibottention, lookhere, "),
