@@ -115,6 +115,11 @@ LIFT = ("lift", "bc")
 MAIN, EFFICIENCY, ROBUSTNESS = ("main", *LIFT), ("data_efficiency", *LIFT), ("robustness", *LIFT)
 OTHER_TASKS = [("can", "can", "bc"), ("pusht", "pusht", "diffusion")]  # each task's own study, its CPU recipe's policy
 RECIPE_TASKS = [("can_recipe", "can", "bc"), ("pusht_recipe", "pusht", "diffusion")]  # the same with recipe=cpu's jitter
+# where each task's recommended recipe lives: Lift and Can train with recipe=cpu's jitter (cells of robustness and
+# can_recipe); PushT's recipe dropped it (-22 points clean, full attention, three seeds), so its papers'-setting study
+# is its recipe and pusht_recipe holds only what the jitter did there
+JITTERED_RECIPES = [ROBUSTNESS, RECIPE_TASKS[0]]
+PUSHT = OTHER_TASKS[1]
 TASKS = ("lift", "can", "pusht")
 SUCCESS, ROBUST, DIVERSE = "Better task success", "More robust to corruptions", "More diverse heads"
 SCENE_ROBUST = "More robust to scene shifts"
@@ -124,23 +129,27 @@ CLAIMS = [
     *grid(f"{SUCCESS} (Fibottention)", [MAIN], [FIB, ROBOT], CLEAN),
     *grid(f"{SUCCESS} (Fibottention)", OTHER_TASKS, [FIB], CLEAN),
     # each claim again under the recommended recipe (recipe=cpu's jitter), where a user trains (Lift's cells: robustness's)
-    *grid(f"{SUCCESS} (Fibottention)", [ROBUSTNESS, *RECIPE_TASKS], [FIB], jittered(CLEAN)),
+    *grid(f"{SUCCESS} (Fibottention)", JITTERED_RECIPES, [FIB], jittered(CLEAN)),
     *grid(f"{SUCCESS} (LookHere)", [MAIN, *OTHER_TASKS], [LOOKHERE], CLEAN),
-    *grid(f"{SUCCESS} (LookHere)", [ROBUSTNESS, *RECIPE_TASKS], [LOOKHERE], jittered(CLEAN)),
+    *grid(f"{SUCCESS} (LookHere)", JITTERED_RECIPES, [LOOKHERE], jittered(CLEAN)),
     *grid(SUCCESS + BASELINE, [MAIN], [BIGBIRD], CLEAN, side_only=True),
     *grid("Better with scarce data (Fibottention)", [EFFICIENCY], [FIB], SCARCE),
     *grid("Better with scarce data (LookHere)", [EFFICIENCY], [LOOKHERE], SCARCE),
     *grid(f"{ROBUST} (Fibottention)", [ROBUSTNESS], [FIB, ROBOT, MULT], CORRUPTED),
     *grid(f"{ROBUST} (Fibottention)", OTHER_TASKS, [FIB], CORRUPTED),
-    *grid(f"{ROBUST} (Fibottention)", [ROBUSTNESS, *RECIPE_TASKS], [FIB], jittered(PIXEL)),
+    *grid(f"{ROBUST} (Fibottention)", JITTERED_RECIPES, [FIB], jittered(PIXEL)),
+    *grid(f"{ROBUST} (Fibottention)", [PUSHT], [FIB], PIXEL[len(CORRUPTED):]),  # PushT's recipe: the papers' setting
     *grid(f"{ROBUST} (LookHere)", [ROBUSTNESS, *OTHER_TASKS], [LOOKHERE], CORRUPTED),
-    *grid(f"{ROBUST} (LookHere)", [ROBUSTNESS, *RECIPE_TASKS], [LOOKHERE], jittered(PIXEL)),
+    *grid(f"{ROBUST} (LookHere)", JITTERED_RECIPES, [LOOKHERE], jittered(PIXEL)),
+    *grid(f"{ROBUST} (LookHere)", [PUSHT], [LOOKHERE], PIXEL[len(CORRUPTED):]),
     *grid(ROBUST + BASELINE, [ROBUSTNESS], [BIGBIRD], CORRUPTED, side_only=True),
     *grid(f"{SCENE_ROBUST} (Fibottention)", [ROBUSTNESS], [FIB], SCENE),
     *grid(f"{SCENE_ROBUST} (Fibottention)", [("scene_training", *LIFT)], [FIB], SCENE_JITTER),
-    *(row for place in RECIPE_TASKS for row in grid(f"{SCENE_ROBUST} (Fibottention)", [place], [FIB], jittered(scene(place[1])))),
+    *grid(f"{SCENE_ROBUST} (Fibottention)", [RECIPE_TASKS[0]], [FIB], jittered(scene("can"))),
+    *grid(f"{SCENE_ROBUST} (Fibottention)", [PUSHT], [FIB], scene("pusht")),
     *grid(f"{SCENE_ROBUST} (LookHere)", [ROBUSTNESS], [LOOKHERE], SCENE),
-    *(row for place in RECIPE_TASKS for row in grid(f"{SCENE_ROBUST} (LookHere)", [place], [LOOKHERE], jittered(scene(place[1])))),
+    *grid(f"{SCENE_ROBUST} (LookHere)", [RECIPE_TASKS[0]], [LOOKHERE], jittered(scene("can"))),
+    *grid(f"{SCENE_ROBUST} (LookHere)", [PUSHT], [LOOKHERE], scene("pusht")),
     *grid("The field's default encoder (ResNet-18; no claim)", [("encoders", *LIFT)], [RESNET], EVERY_SHIFT + EVERY_SHIFT_JITTER,
           side_only=True),
     *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere", "lookhere")], LARGER),
@@ -173,9 +182,11 @@ FIXES = {"per-image": Fix("per-image input", PER_IMAGE, (FULL, FIB)),
          "wrist": Fix("wrist camera", {f"+{k}": v for k, v in WRIST.items()}, (FULL, FIB), **SCENE_FIX),
          "randomised-shift-colour": Fix("randomised scenes + shift + hue/saturation", {**RANDOMISED, **SHIFT, **COLOUR}, (FULL, FIB),
                                         **SCENE_FIX),
-         # the recipe's jitter on Can and PushT, against each task's papers'-setting cells
-         **{f"augment-{task}": Fix("photometric augmentation", AUGMENT, (FULL, FIB, LOOKHERE), study=study, also=(task,), task=task,
-                                   policy=policy) for study, task, policy in RECIPE_TASKS}}
+         # the recipe's jitter on Can and PushT, against each task's papers'-setting cells (on PushT full attention's
+         # three seeds settled it: the recipe dropped the jitter there)
+         **{f"augment-{task}": Fix("photometric augmentation", AUGMENT, encoders, study=study, also=(task,), task=task,
+                                   policy=policy)
+            for (study, task, policy), encoders in zip(RECIPE_TASKS, [(FULL, FIB, LOOKHERE), (FULL,)])}}
 # the README's evidence table: (label, arm, the study of its clean row, of its other conditions, task, policy)
 README_CONDITIONS = ({}, BRIGHTNESS, CONTRAST)
 README_ROWS = [(label, arm, study, "robustness", *LIFT) for label, arm, study in (

@@ -72,21 +72,36 @@ def test_the_resnet_baseline_is_its_own_arm_beside_full_attention_of_the_same_st
 def test_the_recipe_on_another_task_is_compared_with_that_tasks_papers_setting_study(tmp_path):
     from studies.evidence import AUGMENT, FIXES
 
-    def cell(attention, overrides, successes, condition=None):
-        return [Record("pusht", "diffusion", attention, 15000, overrides, s, condition or {}, successes, 50) for s in range(3)]
+    def cell(task, policy, attention, overrides, successes, condition=None):
+        return [Record(task, policy, attention, 15000, overrides, s, condition or {}, successes, 50) for s in range(3)]
 
-    save(tmp_path, "pusht", [*cell("full", {}, 32), *cell("fibottention", {}, 30)])  # the papers' setting, its own study
-    save(tmp_path, "pusht_recipe", [*cell("full", AUGMENT, 22), *cell("fibottention", AUGMENT, 25),
-                                    *cell("full", AUGMENT, 20, {"corruption": [["camera", 2]]})])
-    full, full_camera, fib = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-pusht"])
+    save(tmp_path, "pusht", cell("pusht", "diffusion", "full", {}, 32))  # the papers' setting, its own study
+    save(tmp_path, "pusht_recipe", [*cell("pusht", "diffusion", "full", AUGMENT, 22),
+                                    *cell("pusht", "diffusion", "full", AUGMENT, 20, {"corruption": [["camera", 2]]})])
+    full, full_camera = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-pusht"])
     assert (full["encoder"], full["condition"]) == ("full", "clean") and full["full attention"].startswith("-20 [")  # 44% vs 64%
     assert full_camera["condition"] == "camera 2" and full_camera["full attention"] == "—"  # no camera cell without the jitter
+    save(tmp_path, "can", [*cell("can", "bc", "full", {}, 32), *cell("can", "bc", "fibottention", {}, 30)])
+    save(tmp_path, "can_recipe", [*cell("can", "bc", "full", AUGMENT, 22), *cell("can", "bc", "fibottention", AUGMENT, 25)])
+    fib = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-can"])[1]
     assert fib["itself without"].startswith("-10 [") and fib["full attention, with the fix"].startswith("+6 [")  # 50% vs 60%, vs 44%
 
 
+def test_pushts_recipe_rows_are_its_papers_setting_study_and_cans_are_jittered():
+    from studies.evidence import AUGMENT
+
+    pusht = [c for c in CLAIMS if c.task == "pusht"]
+    # the recipe dropped the jitter on PushT: no claim row asks for a jittered PushT cell
+    assert pusht and all(c.study == "pusht" and not c.arm.overrides and not c.baseline.overrides for c in pusht)
+    assert {"gaussian noise 2", "blur 2", "colour 2", "camera 2"} <= {c.where for c in pusht}
+    can_recipe = [c for c in CLAIMS if c.study == "can_recipe"]
+    assert can_recipe and all(c.arm.overrides == c.baseline.overrides == AUGMENT for c in can_recipe)
+
+
 def test_each_task_is_evaluated_under_the_scene_shifts_it_renders():
-    assert [n for n in STUDIES["pusht_recipe"].settings if n[-1] == "2" and n[:-1] in ("lighting", "colour", "camera")] == \
-        ["colour2", "camera2"]
+    for study in ("pusht", "pusht_recipe"):
+        assert [n for n in STUDIES[study].settings if n[-1] == "2" and n[:-1] in ("lighting", "colour", "camera")] == \
+            ["colour2", "camera2"]
     assert {"lighting2", "colour2", "camera2"} <= set(STUDIES["can_recipe"].settings)
-    rows = [c.where for c in CLAIMS if c.study == "pusht_recipe" and c.claim.startswith("More robust to scene shifts")]
+    rows = [c.where for c in CLAIMS if c.study == "pusht" and c.claim.startswith("More robust to scene shifts")]
     assert rows and not any(w.startswith("lighting") for w in rows)

@@ -209,7 +209,8 @@ def test_a_study_cell_trains_exactly_what_the_recipe_command_trains(task, policy
     command = [f"task={task}", f"policy={policy}", f"attention={attention}", "recipe=cpu", "eval.num_episodes=0"]
     user = to_dict(compose("config", [*command, *(f"{k}={v}" for k, v in PAPERS_SETTING.items())]))
     assert to_dict(compose("config", cell.args)) == user and extra_overrides(user, "cpu") == {}
-    assert extra_overrides(to_dict(compose("config", command)), "cpu") == AUGMENT
+    # the recipe's own jitter, which PushT's recipe turns off (it cost 19 points clean there)
+    assert extra_overrides(to_dict(compose("config", command)), "cpu") == ({} if task == "pusht" else AUGMENT)
     # cells trained before recipe=cpu jittered images keep their directories: the papers' setting is not hashed
     assert Cell(task, policy, {"attention": attention}, 0, "cpu", {"policy.image_aug.brightness": "0.3"}).args[-2:] == [
         "policy.image_aug.brightness=0.3", "policy.image_aug.contrast=0.0"]
@@ -256,6 +257,9 @@ def test_the_cpu_recipes_hold_what_the_studies_measured():
     pusht = compose("config", ["task=pusht", "policy=diffusion", "attention=full", "recipe=cpu"])
     assert (pusht.policy.prediction_type, pusht.policy.down_dims, pusht.train.steps) == ("sample", [32, 64, 128], 15000)
     assert pusht.task.dataset.path == "data/pusht/demos1000.zarr"
+    assert (pusht.policy.image_aug.brightness, pusht.policy.image_aug.contrast) == (0.0, 0.0)  # no jitter on PushT
+    can = compose("config", ["task=can", "policy=bc", "attention=full", "recipe=cpu"])
+    assert (can.policy.image_aug.brightness, can.policy.image_aug.contrast) == (0.3, 0.5)
     bare = compose("config", ["task=lift", "policy=bc", "attention=full", "recipe=none"])
     assert (bare.task.crop_size, bare.train.steps, len(bare.policy.input_shapes)) == (76, 20000, 5)
 
