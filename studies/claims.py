@@ -122,9 +122,19 @@ def rates(a: list[Record], b: list[Record]) -> str:
     return f"{np.mean([o.mean() for o in outcomes(a)]):.3f} (per seed {', '.join(f'{o.mean():.3f}' for o in outcomes(a))})"
 
 
+def pooled(records: dict[str, list[Record]], studies) -> list[Record]:
+    """The records of ``studies``, a cell's evaluation counted once where two studies recorded the same run directory."""
+    seen, out = set(), []
+    for r in (r for study in studies for r in records.get(study, [])):
+        if (r.row, r.seed) not in seen:
+            seen.add((r.row, r.seed))
+            out.append(r)
+    return out
+
+
 def measure(c: Claim, records: dict[str, list[Record]]) -> dict:
     """The one loop's body: a claim row's records, compared."""
-    a, b = pair(records.get(c.study, []), c.task, c.policy, c.arm, c.condition, c.baseline, c.measure)
+    a, b = pair(pooled(records, (c.study, *c.also)), c.task, c.policy, c.arm, c.condition, c.baseline, c.measure)
     return {"claim": c.claim, "measurement": f"{c.task} {c.policy}, {c.where}, {c.arm.label} − {c.baseline.label}", "task": c.task,
             "counts": not (c.side_only or c.arm.authors), **(compare(a, b, c.sign, c.side_only) if a and b else NOT_MEASURED)}
 
@@ -181,7 +191,7 @@ def lottery(records: dict[str, list[Record]]) -> list[list]:
 def fix_table(records: dict[str, list[Record]], fix) -> list[dict]:
     """A training-side fix per encoder and condition, against full attention on the recipe's input, the encoder
     itself without the fix, and full attention with the fix (each "—" where it is the row itself)."""
-    records, out = [r for study in (fix.study, *fix.also) for r in records.get(study, [])], []
+    records, out = pooled(records, (fix.study, *fix.also)), []
     conditions = sorted({json.dumps(r.condition): r.condition for r in records}.values(), key=lambda c: (c != {}, condition_text(c)))
     for arm, c in ((with_overrides(a, fix.base), c) for a in fix.encoders for c in conditions):
         fixed = with_overrides(arm, fix.overrides)

@@ -43,6 +43,7 @@ class Claim:
     measure: str = "success"
     sign: int = 1  # the side of 0 the paper claims
     side_only: bool = False  # a baseline method that claims nothing: its verdict names the side of full attention
+    also: tuple = ()  # other studies holding the same cells (the encoders study's ViT cells are robustness's, scene_training's)
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ CLAIMS = [
     *grid(f"{SCENE_ROBUST} (LookHere)", [RECIPE_TASKS[0]], [LOOKHERE], jittered(scene("can"))),
     *grid(f"{SCENE_ROBUST} (LookHere)", [PUSHT], [LOOKHERE], scene("pusht")),
     *grid("The field's default encoder (ResNet-18; no claim)", [("encoders", *LIFT)], [RESNET], EVERY_SHIFT + EVERY_SHIFT_JITTER,
-          side_only=True),
+          side_only=True, also=("robustness", "scene_training")),
     *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere", "lookhere")], LARGER),
     *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere (s_g scaled)", "lookhere")], SLOPE_SCALED),
     *grid(f"{DIVERSE} (Fibottention)", [("diversity", *LIFT)], [FIB, ROBOT, MULT], DIVERSITY, measure="head_diversity"),

@@ -105,3 +105,17 @@ def test_each_task_is_evaluated_under_the_scene_shifts_it_renders():
     assert {"lighting2", "colour2", "camera2"} <= set(STUDIES["can_recipe"].settings)
     rows = [c.where for c in CLAIMS if c.study == "pusht" and c.claim.startswith("More robust to scene shifts")]
     assert rows and not any(w.startswith("lighting") for w in rows)
+
+
+def test_a_resnet_row_takes_full_attention_from_the_studies_that_hold_its_cells_counting_each_cell_once(tmp_path):
+    from studies.evidence import AUGMENT, RESNET
+
+    resnet = [Record("lift", "bc", "full", 4000, {"policy.encoder": "resnet18", **AUGMENT}, 0, {}, 50, 50)]
+    # seeds 0-2 at 80%, recorded by two studies (the same run directories)
+    full = [Record("lift", "bc", "full", 4000, AUGMENT, s, {}, 40, 50) for s in range(3)]
+    save(tmp_path, "encoders", resnet)
+    save(tmp_path, "robustness", full)
+    save(tmp_path, "scene_training", full)
+    row = next(studies.claims.measure(c, studies.claims.load_all(tmp_path)) for c in CLAIMS
+               if c.arm.label == RESNET.label and c.where == "clean (recipe=cpu's jitter)")
+    assert row["seeds"] == "1 vs 3" and row["effect"].startswith("+20 [")  # 100% against 80%, three seeds, not six
