@@ -305,10 +305,15 @@ def test_rollout_out_dir_that_is_a_file_is_refused_before_the_policy_loads(tmp_p
 
 
 # --- Ctrl-C: one line, saying what was written ----------------------------------------------------------
+EXIT_AFTER_CTRL_C_S = 120  # generous: the commands exit within seconds, on a loaded machine too
+
+
 def _interrupt(args: list[str], ready, limit: float = 240.0) -> subprocess.CompletedProcess:
     """Start a command in a session of its own, wait until ``ready(pid)``, SIGINT its process group (what
     Ctrl-C in a terminal does), and return how it ended."""
-    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True,
+    # faulthandler: a command that hangs after the Ctrl-C prints every thread's stack when SIGABRT ends it
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     chunks: list[str] = []
@@ -319,7 +324,15 @@ def _interrupt(args: list[str], ready, limit: float = 240.0) -> subprocess.Compl
         time.sleep(0.02)
     assert proc.poll() is None, "".join(chunks)
     os.killpg(proc.pid, signal.SIGINT)
-    proc.wait(timeout=120)
+    try:
+        proc.wait(timeout=EXIT_AFTER_CTRL_C_S)
+    except subprocess.TimeoutExpired:
+        children = _spawned_children(proc.pid)
+        os.killpg(proc.pid, signal.SIGABRT)  # the stacks of the hang, then the test fails with them
+        proc.wait(timeout=30)
+        reader.join(timeout=10)
+        pytest.fail(f"{args[0]} still ran {EXIT_AFTER_CTRL_C_S} s after Ctrl-C (spawned children then: {children}); "
+                    f"its output and stacks:\n{''.join(chunks)[-20000:]}")
     reader.join(timeout=10)
     return subprocess.CompletedProcess(args, proc.returncode, "".join(chunks), "")
 
@@ -377,6 +390,16 @@ def test_ctrl_c_while_rollout_workers_start_is_one_line_and_stops_them(tmp_path,
     assert not out.exists()
 
 
+def test_a_command_that_hangs_after_ctrl_c_fails_its_test_with_its_stacks(monkeypatch):
+    # a rare hang of these tests on a loaded machine left nothing to read but a TimeoutExpired
+    monkeypatch.setattr(sys.modules[__name__], "EXIT_AFTER_CTRL_C_S", 2)
+    deaf = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(600)"
+    with pytest.raises(pytest.fail.Exception) as failure:
+        _interrupt(["-c", deaf], _ignores_sigint)
+    assert "-c still ran 2 s after Ctrl-C" in str(failure.value)
+    assert "Current thread" in str(failure.value) and 'File "<string>", line 1' in str(failure.value)
+
+
 @pytest.mark.parametrize("args", [["train_policy.py", "task=lift"], ["rollout.py", "checkpoint=/nonexistent"],
                                   ["generate_demos.py", "task=pusht", "out=/nonexistent/g.zarr"]])
 def test_ctrl_c_while_a_command_still_imports_is_one_line(args):
@@ -386,6 +409,11 @@ def test_ctrl_c_while_a_command_still_imports_is_one_line(args):
     proc = _interrupt(args, _loads_site_packages_library)
     assert proc.returncode == INTERRUPTED_EXIT, proc.stdout
     assert proc.stdout.strip() == f"{args[0]}: interrupted; nothing was written"
+
+
+def _ignores_sigint(pid: int) -> bool:
+    ignored = Path(f"/proc/{pid}/status").read_text().split("SigIgn:")[1].split()[0]  # a hex mask, bit n-1 = signal n
+    return bool(int(ignored, 16) & 1 << signal.SIGINT - 1)
 
 
 def _spawned_children(parent: int) -> list[int]:
