@@ -63,9 +63,9 @@ STUDIES = {s.name: s for s in [
       for task, policy, arms in (("can", "bc", ENCODERS), ("pusht", "diffusion", (FULL,)))),
     Study("scene_training", ("lift",), ("bc",), (FULL, FIB),
           {"clean": CLEAN, **corrupted(SHIFTED, {**SCENE_SHIFTS, **RECIPE_CORRUPTIONS})}, variants=SCENE_TRAINING),
-    # the field's default encoder beside two ViTs, in the papers' setting and with recipe=cpu's jitter (the ViT cells
-    # are those of robustness and scene_training: same overrides, same run directories)
-    Study("encoders", ("lift",), ("bc",), (RESNET, FULL, FIB), {"clean": CLEAN, **corrupted(SHIFTED, {**RECIPE_CORRUPTIONS, **scene_at_2("lift")})},
+    # the field's default encoder beside the three ViTs, in the papers' setting and with recipe=cpu's jitter (the ViT
+    # cells are those of robustness and scene_training: same overrides, same run directories)
+    Study("encoders", ("lift",), ("bc",), (RESNET, *ENCODERS), {"clean": CLEAN, **corrupted(SHIFTED, {**RECIPE_CORRUPTIONS, **scene_at_2("lift")})},
           variants=({}, AUGMENT)),
     Study("resolution", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN, **LARGER, **SLOPE_SCALED},
           only={name: LOOKHERE for name in SLOPE_SCALED}),

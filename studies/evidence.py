@@ -149,6 +149,8 @@ CLAIMS = [
     *grid(f"{SCENE_ROBUST} (Fibottention)", [RECIPE_TASKS[0]], [FIB], jittered(scene("can"))),
     *grid(f"{SCENE_ROBUST} (Fibottention)", [PUSHT], [FIB], scene("pusht")),
     *grid(f"{SCENE_ROBUST} (LookHere)", [ROBUSTNESS], [LOOKHERE], SCENE),
+    # LookHere with the jitter: the encoders study's cells; full attention's are scene_training's (its variant 0)
+    *grid(f"{SCENE_ROBUST} (LookHere)", [("encoders", *LIFT)], [LOOKHERE], SCENE_JITTER, also=("robustness", "scene_training")),
     *grid(f"{SCENE_ROBUST} (LookHere)", [RECIPE_TASKS[0]], [LOOKHERE], jittered(scene("can"))),
     *grid(f"{SCENE_ROBUST} (LookHere)", [PUSHT], [LOOKHERE], scene("pusht")),
     *grid("The field's default encoder (ResNet-18; no claim)", [("encoders", *LIFT)], [RESNET], EVERY_SHIFT + EVERY_SHIFT_JITTER,
