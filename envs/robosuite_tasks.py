@@ -27,6 +27,11 @@ except ImportError:
 import logging  # noqa: E402
 
 import gymnasium as gym  # noqa: E402
+
+# robosuite warns at import (no private macro file, optional robot packages) and at every environment build
+# (controller parts the Panda lacks): noise in every process, the pool's workers included. A filter on its
+# logger, set before the import, outlives the level that robosuite's own logger set-up writes.
+logging.getLogger("robosuite_logs").addFilter(lambda record: record.levelno >= logging.ERROR)
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 import robosuite  # noqa: E402
@@ -40,9 +45,6 @@ from robosuite.controllers.composite.composite_controller_factory import (  # no
 from .corruptions import parse_scene_shifts  # noqa: E402
 from .robosuite_scene import RobosuiteScene  # noqa: E402
 from .scene_shifts import check_one_scene_source, scene_draws, scene_randomization_for  # noqa: E402
-
-# robosuite warns at every environment build about controller parts the Panda lacks (legs, head...)
-logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
 
 TASK_TO_ENV_NAME = {"lift": "Lift", "can": "PickPlaceCan"}
 ENV_NAME_TO_TASK = {v: k for k, v in TASK_TO_ENV_NAME.items()}

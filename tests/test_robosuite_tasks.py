@@ -201,3 +201,18 @@ def test_every_process_builds_the_same_lift_cube_so_a_seed_means_one_initial_sta
     runs = [subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                            cwd=os.path.dirname(os.path.dirname(__file__))).stdout.strip().splitlines()[-1] for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_a_process_that_builds_an_environment_prints_no_robosuite_warnings():
+    """robosuite warns at import (no private macro file, optional robot packages) and at every build; each
+    generation or rollout worker repeated them, burying the progress bar and any real error."""
+    import subprocess
+    import sys
+
+    probe = ("import os; os.environ.setdefault('MUJOCO_GL', 'egl'); "
+             "from envs.robosuite_tasks import RobosuiteEnv; e = RobosuiteEnv('lift', cameras=()); e.reset(seed=0); "
+             "e.close(); print('built')")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert run.stdout.strip().endswith("built")
+    assert "[robosuite WARNING]" not in run.stderr, run.stderr
