@@ -188,31 +188,29 @@ def test_convert_env_meta_v14_builds_env():
     env.close()
 
 
-def test_every_process_builds_the_same_lift_cube_so_a_seed_means_one_initial_state():
-    """robosuite draws the cube's size when it builds the model: two builds (two processes, two pool workers,
-    a clean run and its shifted pair) must draw the same one, or one episode seed starts two different scenes."""
+def _python_in_repo(probe: str):
+    """Run ``probe`` in a fresh interpreter at the repository root: what a pool worker or a new command sees."""
     import subprocess
     import sys
 
-    probe = ("import os; os.environ.setdefault('MUJOCO_GL', 'egl'); import numpy as np; "
-             "from envs.robosuite_tasks import RobosuiteEnv; e = RobosuiteEnv('lift', cameras=()); "
+    return subprocess.run([sys.executable, "-c", "import os; os.environ.setdefault('MUJOCO_GL', 'egl'); " + probe],
+                          capture_output=True, text=True, check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_every_process_builds_the_same_lift_cube_so_a_seed_means_one_initial_state():
+    """robosuite draws the cube's size when it builds the model: two builds (two processes, two pool workers,
+    a clean run and its shifted pair) must draw the same one, or one episode seed starts two different scenes."""
+    probe = ("from envs.robosuite_tasks import RobosuiteEnv; e = RobosuiteEnv('lift', cameras=()); "
              "o = e.reset(seed=100000)[0]; m = e._env.sim.model; "
              "print(repr(m.geom_size[m.geom_name2id('cube_g0')].round(6).tolist() + o['object'][:3].round(6).tolist()))")
-    runs = [subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                           cwd=os.path.dirname(os.path.dirname(__file__))).stdout.strip().splitlines()[-1] for _ in range(2)]
+    runs = [_python_in_repo(probe).stdout.strip().splitlines()[-1] for _ in range(2)]
     assert runs[0] == runs[1]
 
 
 def test_a_process_that_builds_an_environment_prints_no_robosuite_warnings():
     """robosuite warns at import (no private macro file, optional robot packages) and at every build; each
     generation or rollout worker repeated them, burying the progress bar and any real error."""
-    import subprocess
-    import sys
-
-    probe = ("import os; os.environ.setdefault('MUJOCO_GL', 'egl'); "
-             "from envs.robosuite_tasks import RobosuiteEnv; e = RobosuiteEnv('lift', cameras=()); e.reset(seed=0); "
-             "e.close(); print('built')")
-    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    run = _python_in_repo("from envs.robosuite_tasks import RobosuiteEnv; e = RobosuiteEnv('lift', cameras=()); "
+                          "e.reset(seed=0); e.close(); print('built')")
     assert run.stdout.strip().endswith("built")
     assert "[robosuite WARNING]" not in run.stderr, run.stderr
