@@ -22,8 +22,8 @@ import numpy as np
 from core.preflight import replace_file
 from core.stats import (ALPHA, EQUIVALENCE_MARGIN, UNRESOLVED, Estimate, bootstrap_difference, bootstrap_rate, holm, verdict,
                         wilson_interval)
-from studies.evidence import (CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY, README_CONDITIONS, README_ROWS, TASKS, Arm,
-                              Claim, with_overrides)
+from studies.evidence import (CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY, README_CONDITIONS, README_ROWS, TASKS, VERDICT_SEEDS,
+                              Arm, Claim, with_overrides)
 from studies.records import Record, condition_text, load, overrides_text
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -113,7 +113,13 @@ def compare(a: list[Record], b: list[Record], claim_sign: int = 1, side_only: bo
     seeds = min(len(a), len(b))
     return {"effect": pct(d, measure=m) + " points" * (m == "success"), "rates": rates(a, b), "seeds": f"{len(a)} vs {len(b)}",
             "n_seeds": [len(a), len(b)], "diff": d.mean, "ci95": [d.lo, d.hi], "p": d.p, "kind": v,
-            "verdict": v if seeds >= 3 or v == UNRESOLVED else f"{v} on {seeds} seed{'s' * (seeds > 1)} (fewer than 3)"}
+            "verdict": v if seeds >= VERDICT_SEEDS or v == UNRESOLVED else
+            f"{v} on {seeds} seed{'s' * (seeds > 1)} (fewer than {VERDICT_SEEDS})"}
+
+
+def effect_against(a: list[Record], b: list[Record]) -> str:
+    """``a`` minus ``b`` in points, naming ``b``'s seeds where it has fewer than a verdict needs (``a``'s are in their own column)."""
+    return compare(a, b)["effect"] + f" (against {len(b)} seed{'s' * (len(b) > 1)})" * (len(b) < VERDICT_SEEDS)
 
 
 def rates(a: list[Record], b: list[Record]) -> str:
@@ -152,13 +158,13 @@ def claims(records: dict[str, list[Record]]) -> list[dict]:
 
 
 def task_verdicts(rows: list[dict]) -> dict[str, list[tuple[str, str]]]:
-    """Per claim, each task's (verdict, its row counts) over its rows of 3+ seeds (the authors' settings † and baselines aside)."""
+    """Per claim, each task's (verdict, its row counts) over its rows of VERDICT_SEEDS+ seeds (the authors' settings † and baselines aside)."""
     out = {}
     for claim in dict.fromkeys(r["claim"] for r in rows if r["counts"]):
         out[claim] = []
         for t in TASKS:
             mine = [r for r in rows if r["claim"] == claim and r["task"] == t and r["counts"] and "kind" in r]
-            found = [{UNRESOLVED: "not resolved"}.get(r["kind"], r["kind"]) for r in mine if min(r["n_seeds"]) >= 3]
+            found = [{UNRESOLVED: "not resolved"}.get(r["kind"], r["kind"]) for r in mine if min(r["n_seeds"]) >= VERDICT_SEEDS]
             kind = ("mixed" if "contradicted" in found else "supported") if "supported" in found else "contradicted" if \
                 "contradicted" in found else found[0] if len(set(found)) == 1 else "not resolved" if found else FEW if mine else "not measured"
             out[claim].append((kind, f" ({found.count(kind)} of {len(mine)} rows)" if found else f" ({len(mine)} rows)" if mine else ""))
@@ -203,20 +209,20 @@ def fix_table(records: dict[str, list[Record]], fix) -> list[dict]:
         bases = {k: b and pair(records, fix.task, fix.policy, fixed, c, b)[1] for k, b in against.items()}
         out.append({"encoder": arm.label, "condition": condition_text(c, " "), "seeds": len(row),
                     "success": bootstrap_rate(outcomes(row)).fmt(),
-                    **{k: compare(row, base)["effect"] if base else "—" for k, base in bases.items()}})
+                    **{k: effect_against(row, base) if base else "—" for k, base in bases.items()}})
     return out
 
 
 def readme_table(records: dict[str, list[Record]]) -> list[list[str]]:
-    """Mean success per README row and condition, and its difference to full attention (seed counts other than 3 named)."""
+    """Mean success per README row and condition, and its difference to full attention (seed counts other than VERDICT_SEEDS named)."""
     out = []
     for label, arm, clean_study, shifted_study, task, policy in README_ROWS:
         cells = []
         for c in README_CONDITIONS:
             row, base = pair(records.get(clean_study if c == {} else shifted_study, []), task, policy, arm, c, FULL)
-            rate, seeds = row and f"{100 * bootstrap_rate(outcomes(row)).mean:.0f}%", row and (f"{len(row)} seeds" * (len(row) != 3))
-            effect = row and base and arm != FULL and pct(bootstrap_difference(outcomes(row), outcomes(base))).replace("-", "−")
-            cells.append("—" if not row else f"{rate} ({effect}{'; ' * bool(seeds)}{seeds})" if effect else
+            rate, seeds = row and f"{100 * bootstrap_rate(outcomes(row)).mean:.0f}%", row and (f"{len(row)} seeds" * (len(row) != VERDICT_SEEDS))
+            diff = row and base and arm != FULL and pct(bootstrap_difference(outcomes(row), outcomes(base))).replace("-", "−")
+            cells.append("—" if not row else f"{rate} ({diff}{'; ' * bool(seeds)}{seeds})" if diff else
                          rate + f" ({seeds})" * bool(seeds))
         out.append([label, *cells])
     return out

@@ -163,7 +163,8 @@ CLAIMS = [
           baseline=replace(MULT, label="the same with the public code's multiplicative mask †", authors=False)),
 ]
 
-FEW = "fewer than 3 seeds"  # a task whose rows all rest on fewer seeds than a verdict needs
+VERDICT_SEEDS = 3  # training seeds per side that a verdict needs (one checkpoint swings by about ±10 points)
+FEW = f"fewer than {VERDICT_SEEDS} seeds"  # a task whose rows all rest on fewer seeds than a verdict needs
 COLLAPSE = 0.5  # a seed "collapses" under a corruption below this success rate (full attention keeps about 0.9)
 LOTTERY = [(*ROBUSTNESS, arm, s.condition) for arm in (FULL, FIB, LOOKHERE, BIGBIRD) for s in CORRUPTED]
 # training that survives the scene (study scene_training), each on top of recipe=cpu's jitter

@@ -87,6 +87,20 @@ def test_the_recipe_on_another_task_is_compared_with_that_tasks_papers_setting_s
     assert fib["itself without"].startswith("-10 [") and fib["full attention, with the fix"].startswith("+6 [")  # 50% vs 60%, vs 44%
 
 
+def test_a_fix_row_against_fewer_seeds_names_the_baselines_seeds(tmp_path):
+    from studies.evidence import AUGMENT, FIXES
+
+    camera = {"corruption": [["camera", 2]]}
+    cell = lambda overrides, successes, seeds: [Record("pusht", "diffusion", "full", 15000, overrides, s, condition, successes, 30)
+                                                for s in range(seeds) for condition in ({}, camera)]
+    save(tmp_path, "pusht", cell({}, 15, 1))  # one papers'-setting seed retrained so far
+    save(tmp_path, "pusht_recipe", cell(AUGMENT, 24, 3))
+    clean, shifted = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-pusht"])
+    assert clean["full attention"].startswith("+30 [") and clean["full attention"].endswith(" points (against 1 seed)")
+    save(tmp_path, "pusht", cell({}, 15, 3))
+    assert studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-pusht"])[1]["full attention"].endswith(" points")
+
+
 def test_pushts_recipe_rows_are_its_papers_setting_study_and_cans_are_jittered():
     from studies.evidence import AUGMENT
 
