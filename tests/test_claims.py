@@ -97,6 +97,7 @@ def test_a_fix_row_against_fewer_seeds_names_the_baselines_seeds(tmp_path):
     save(tmp_path, "pusht_recipe", cell(AUGMENT, 24, 3))
     clean, shifted = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-pusht"])
     assert clean["full attention"].startswith("+30 [") and clean["full attention"].endswith(" points (against 1 seed)")
+    assert shifted["condition"] == "camera 2" and shifted["full attention"].endswith(" points (against 1 seed)")
     save(tmp_path, "pusht", cell({}, 15, 3))
     assert studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-pusht"])[1]["full attention"].endswith(" points")
 
