@@ -2,7 +2,7 @@
 A grid (tasks x policies x arms x variants x the budget's seeds) of override mappings and named rollout
 settings, whose "{episodes}", "{shifted_episodes}", "{workers}" come from the budget. A new study is one more entry.
 """
-from envs.scene_shifts import SCENE_KINDS, SCENE_SEVERITIES, scene_kinds_of
+from envs.scene_shifts import SCENE_SEVERITIES, scene_kinds_of
 from studies.evidence import AUGMENT, COLOUR, RANDOMISED, SHIFT, WRIST
 from studies.study import Study
 
@@ -33,7 +33,14 @@ SCENE_TRAINING = (AUGMENT, {**AUGMENT, **SHIFT}, {**AUGMENT, **SHIFT, **COLOUR},
                   {**AUGMENT, **COLOUR},
                   # a second view that a moved agentview leaves where it was
                   {**AUGMENT, **WRIST})
-SCENE_SHIFTS = {f"{kind}{s}": f"{kind}:{s}" for kind in SCENE_KINDS for s in SCENE_SEVERITIES}
+
+
+def scene_shifts(task: str) -> dict:
+    """Every scene shift ``task`` renders, at every severity (PushT has no light)."""
+    return {f"{kind}{s}": f"{kind}:{s}" for kind in scene_kinds_of(task) for s in SCENE_SEVERITIES}
+
+
+SCENE_SHIFTS = scene_shifts("lift")
 
 
 def scene_at_2(task: str) -> dict:
@@ -63,6 +70,11 @@ STUDIES = {s.name: s for s in [
       for task, policy, arms in (("can", "bc", ENCODERS), ("pusht", "diffusion", (FULL,)))),
     Study("scene_training", ("lift",), ("bc",), (FULL, FIB),
           {"clean": CLEAN, **corrupted(SHIFTED, {**SCENE_SHIFTS, **RECIPE_CORRUPTIONS})}, variants=SCENE_TRAINING),
+    # the variant that kept Lift's clean success (hue/saturation) on the other two tasks, on top of each task's recipe
+    # (Can's jitter; PushT's papers' setting), under the shifts its scene renders at every severity
+    *(Study(f"{task}_scene_training", (task,), (policy,), (FULL, FIB),
+            {"clean": CLEAN, **corrupted(AT_HORIZON, {**scene_shifts(task), **RECIPE_CORRUPTIONS})}, variants=(variant,))
+      for task, policy, variant in (("can", "bc", {**AUGMENT, **COLOUR}), ("pusht", "diffusion", COLOUR))),
     # the field's default encoder beside the three ViTs, in the papers' setting and with recipe=cpu's jitter (the ViT
     # cells are those of robustness and scene_training: same overrides, same run directories)
     Study("encoders", ("lift",), ("bc",), (RESNET, *ENCODERS), {"clean": CLEAN, **corrupted(SHIFTED, {**RECIPE_CORRUPTIONS, **scene_at_2("lift")})},

@@ -190,7 +190,13 @@ FIXES = {"per-image": Fix("per-image input", PER_IMAGE, (FULL, FIB)),
          # three seeds settled it: the recipe dropped the jitter there)
          **{f"augment-{task}": Fix("photometric augmentation", AUGMENT, encoders, study=study, also=(task,), task=task,
                                    policy=policy)
-            for (study, task, policy), encoders in zip(RECIPE_TASKS, [(FULL, FIB, LOOKHERE), (FULL,)])}}
+            for (study, task, policy), encoders in zip(RECIPE_TASKS, [(FULL, FIB, LOOKHERE), (FULL,)])},
+         # hue/saturation on the other two tasks, against each task's recipe: Can's jitter (can_recipe's cells), PushT's
+         # papers' setting (its own study's cells)
+         "colour-can": Fix("hue/saturation jitter", COLOUR, (FULL, FIB), study="can_scene_training", also=("can_recipe",),
+                           task="can", policy="bc", base=AUGMENT, base_label=SCENE_FIX["base_label"]),
+         "colour-pusht": Fix("hue/saturation jitter", COLOUR, (FULL, FIB), study="pusht_scene_training", also=("pusht",),
+                             task="pusht", policy="diffusion")}
 # the README's evidence table: (label, arm, the study of its clean row, of its other conditions, task, policy)
 README_CONDITIONS = ({}, BRIGHTNESS, CONTRAST)
 README_ROWS = [(label, arm, study, "robustness", *LIFT) for label, arm, study in (

@@ -87,6 +87,31 @@ def test_the_recipe_on_another_task_is_compared_with_that_tasks_papers_setting_s
     assert fib["itself without"].startswith("-10 [") and fib["full attention, with the fix"].startswith("+6 [")  # 50% vs 60%, vs 44%
 
 
+def test_hue_saturation_on_can_and_pusht_is_compared_with_each_tasks_recipe(tmp_path):
+    from studies.catalog import STUDIES
+    from studies.evidence import AUGMENT, COLOUR, FIXES
+
+    def cell(task, policy, attention, overrides, successes):
+        return [Record(task, policy, attention, 15000, overrides, s, {}, successes, 50) for s in range(3)]
+
+    # Can's recipe has the jitter, PushT's is the papers' setting: each fix sits on top of that, never on the other
+    assert STUDIES["can_scene_training"].variants == ({**AUGMENT, **COLOUR},)
+    assert STUDIES["pusht_scene_training"].variants == (COLOUR,)
+    assert not any(k.startswith("lighting") for k in STUDIES["pusht_scene_training"].settings)
+    assert {"colour1", "colour3", "camera3", "blur2"} <= set(STUDIES["pusht_scene_training"].settings)
+    save(tmp_path, "can", cell("can", "bc", "full", {}, 10))  # the papers' setting: must not be Can's baseline
+    save(tmp_path, "can_recipe", cell("can", "bc", "full", AUGMENT, 40))
+    save(tmp_path, "can_scene_training", cell("can", "bc", "full", {**AUGMENT, **COLOUR}, 45))
+    (can,) = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["colour-can"])
+    assert can["full attention"].startswith("+10 [")  # 90% vs 80%, not vs 20%
+    save(tmp_path, "pusht", [*cell("pusht", "diffusion", "full", {}, 30), *cell("pusht", "diffusion", "full", AUGMENT, 5)])
+    save(tmp_path, "pusht_scene_training", [*cell("pusht", "diffusion", "full", COLOUR, 35),
+                                            *cell("pusht", "diffusion", "fibottention", COLOUR, 25)])
+    full, fib = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["colour-pusht"])
+    assert full["full attention"].startswith("+10 [") and fib["full attention, with the fix"].startswith("-20 [")
+    assert fib["itself without"] == "—"  # no Fibottention cell in the papers' setting here
+
+
 def test_a_fix_row_against_fewer_seeds_names_the_baselines_seeds(tmp_path):
     from studies.evidence import AUGMENT, FIXES
 
