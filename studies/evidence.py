@@ -117,7 +117,7 @@ MAIN, EFFICIENCY, ROBUSTNESS = ("main", *LIFT), ("data_efficiency", *LIFT), ("ro
 OTHER_TASKS = [("can", "can", "bc"), ("pusht", "pusht", "diffusion")]  # each task's own study, its CPU recipe's policy
 RECIPE_TASKS = [("can_recipe", "can", "bc"), ("pusht_recipe", "pusht", "diffusion")]  # the same with recipe=cpu's jitter
 # where each task's recommended recipe lives: Lift and Can train with recipe=cpu's jitter (cells of robustness and
-# can_recipe); PushT's recipe dropped it (-15 points clean, full attention, three seeds), so its papers'-setting study
+# can_recipe); PushT's recipe dropped it (-12 points clean, full attention, three seeds), so its papers'-setting study
 # is its recipe and pusht_recipe holds only what the jitter did there
 JITTERED_RECIPES = [ROBUSTNESS, RECIPE_TASKS[0]]
 PUSHT = OTHER_TASKS[1]
