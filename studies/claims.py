@@ -22,13 +22,16 @@ import numpy as np
 from core.preflight import replace_file
 from core.stats import (ALPHA, EQUIVALENCE_MARGIN, UNRESOLVED, Estimate, bootstrap_difference, bootstrap_rate, holm, verdict,
                         wilson_interval)
-from studies.evidence import (CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY, README_CONDITIONS, README_ROWS, TASKS, VERDICT_SEEDS,
-                              Arm, Claim, with_overrides)
+from envs.scene_shifts import scene_kinds_of
+from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SEVERITY, ADOPT_SHIFT_FLOOR, CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY,
+                              README_CONDITIONS, README_ROWS, SCENE_FIXES, TASKS, VERDICT_SEEDS, Arm, Claim, with_overrides)
+from studies.figures import adoption_figure
 from studies.records import Record, condition_text, load, overrides_text
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 SCALE = {"success": (100, 0), "coverage": (1, 3), "head_diversity": (1, 3)}  # a measure's display: factor, decimals
 NOT_MEASURED = {"effect": "not measured yet", "verdict": "—"}
+ROUNDING = 1e-9  # float error of a difference of means of k/n rates, far below one episode
 SIDES = {"supported": "better than full attention", "contradicted": "worse than full attention"}  # a baseline claims nothing
 
 
@@ -213,6 +216,52 @@ def fix_table(records: dict[str, list[Record]], fix) -> list[dict]:
     return out
 
 
+def adoption(records: dict[str, list[Record]]) -> list[dict]:
+    """Issue 46's rule per scene fix and encoder: does it keep the recipe's clean success and hold every scene shift?
+    Each row carries the fix's and the recipe's success per condition (mean over seeds, 95% interval) for the figure."""
+    out = []
+    for fix in (FIXES[name] for name in SCENE_FIXES):
+        recs = pooled(records, (fix.study, *fix.also))
+        shifts = {f"{kind} {ADOPT_SEVERITY}": {"corruption": [[kind, ADOPT_SEVERITY]]} for kind in scene_kinds_of(fix.task)}
+        for encoder in fix.encoders:
+            recipe = with_overrides(encoder, fix.base)
+            rows = {side: {name: pick(recs, fix.task, fix.policy, arm, c, "success") for name, c in {"clean": {}, **shifts}.items()}
+                    for side, arm in (("fix", with_overrides(recipe, fix.overrides)), ("recipe", recipe))}
+            if not any(rows["fix"].values()):
+                continue
+            rates = {side: {name: bootstrap_rate(outcomes(r)) if r else None for name, r in per.items()} for side, per in rows.items()}
+            seeds, recipe_seeds = (min(len(r or ()) for r in rows[side].values()) for side in ("fix", "recipe"))
+            out.append({"task": fix.task, "fix": fix.label, "encoder": encoder.label, "seeds": seeds, "recipe_seeds": recipe_seeds,
+                        "verdict": adopted(rates, seeds), "success": {side: {name: e and [e.mean, e.lo, e.hi] for name, e in per.items()}
+                                                                       for side, per in rates.items()}})
+    return out
+
+
+def adopted(rates: dict[str, dict[str, Estimate | None]], seeds: int) -> str:
+    """"holds", or what breaks the rule (on the means), or what is missing for a verdict."""
+    fix, recipe = rates["fix"], rates["recipe"]
+    if None in fix.values() or recipe["clean"] is None:
+        return f"not measured under {', '.join(name for name, e in fix.items() if e is None) or 'clean (the recipe)'}"
+    if seeds < VERDICT_SEEDS:
+        return f"{seeds} seed{'s' * (seeds > 1)} (fewer than {VERDICT_SEEDS})"
+    gap = fix["clean"].mean - recipe["clean"].mean
+    below = lambda value, limit: value < limit - ROUNDING  # a mean exactly at the limit passes (e.g. 0.96 - 0.98)
+    broken = [f"clean {100 * gap:+.0f} points"] * below(gap, -ADOPT_CLEAN_MARGIN) + [
+        f"{name} {100 * e.mean:.0f}%" for name, e in fix.items() if name != "clean" and below(e.mean, ADOPT_SHIFT_FLOOR)]
+    return f"does not hold: {', '.join(broken)}" if broken else "holds"
+
+
+def adoption_table(rows: list[dict]) -> list[list[str]]:
+    """claims.md's adoption table: the fix's success clean and under each scene shift, its clean gap to the recipe, the verdict."""
+    shifts = list(dict.fromkeys(name for r in rows for name in r["success"]["fix"] if name != "clean"))
+    fmt = lambda e: "—" if e is None else f"{100 * e[0]:.0f}% [{100 * e[1]:.0f}, {100 * e[2]:.0f}]"
+    gap = lambda r: "—" if None in (r["success"]["fix"]["clean"], r["success"]["recipe"]["clean"]) else \
+        f"{100 * (r['success']['fix']['clean'][0] - r['success']['recipe']['clean'][0]):+.0f}"
+    return [[r["task"], r["fix"], r["encoder"], r["seeds"], fmt(r["success"]["fix"]["clean"]), gap(r),
+             *(fmt(r["success"]["fix"].get(name)) if name in r["success"]["fix"] else "not rendered" for name in shifts), r["verdict"]]
+            for r in rows], shifts
+
+
 def readme_table(records: dict[str, list[Record]]) -> list[list[str]]:
     """Mean success per README row and condition, and its difference to full attention (seed counts other than VERDICT_SEEDS named)."""
     out = []
@@ -269,6 +318,12 @@ def report(results: Path) -> list[dict]:
     write(results / "claims.md", text)  # the † note on the authors' code follows the markers, by hand
     tables = {name: ([f"encoder, {fix.label}", "condition", "seeds", "success, mean [95% CI]", f"− full attention ({fix.base_label})",
                       "− itself without it", f"− full attention with {fix.label}"], fix_table(records, fix)) for name, fix in FIXES.items()}
+    rule = adoption(records)
+    body, shifts = adoption_table(rule)
+    tables["adoption"] = (["task", "training fix", "encoder", "seeds", "clean, mean [95% CI]", "clean − the recipe's (points)",
+                           *(f"{name}, mean [95% CI]" for name in shifts), "the rule"], body)
+    if rule:
+        adoption_figure(rule, results / "scene_training" / "adoption.png")
     verdicts = task_verdicts(rows)
     tables["tasks"] = (["claim (paper)", *TASKS, "on the three tasks"], task_counts(verdicts))
     tables["lottery"] = (["encoder (papers' setting)", "condition", f"seeds under {COLLAPSE:.0%}", "95% Wilson interval",
@@ -278,7 +333,8 @@ def report(results: Path) -> list[dict]:
             write(results / "claims.md", markdown(header, [list(r.values()) if isinstance(r, dict) else r for r in body]),
                   f"<!-- {name}:begin -->", f"<!-- {name}:end -->", append=False)
     replace_file(results / "claims.json", json.dumps({"comparisons": measured, "equivalence_margin": EQUIVALENCE_MARGIN, "rows": rows,
-                                                      **{k.replace("-", "_"): body for k, (_, body) in tables.items()}}, indent=2) + "\n")
+                                                      **{k.replace("-", "_"): body for k, (_, body) in tables.items()},
+                                                      "adoption": rule}, indent=2) + "\n")
     if (readme := results.parent / "README.md").exists():  # the repository's README, beside results/
         write(readme, markdown(["encoder", "clean", "brightness +0.1", "contrast ×0.5"], readme_table(records)),
               "<!-- evidence:begin -->", "<!-- evidence:end -->", append=False)

@@ -159,3 +159,37 @@ def test_a_resnet_row_takes_full_attention_from_the_studies_that_hold_its_cells_
     row = next(studies.claims.measure(c, studies.claims.load_all(tmp_path)) for c in CLAIMS
                if c.arm.label == RESNET.label and c.where == "clean (recipe=cpu's jitter)")
     assert row["seeds"] == "1 vs 3" and row["effect"].startswith("+20 [")  # 100% against 80%, three seeds, not six
+
+
+def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_scene_shift(tmp_path):
+    from studies.evidence import AUGMENT, COLOUR, SHIFT, WRIST
+    from studies.figures import adoption_figure
+
+    shifts = [{"corruption": [[kind, 2]]} for kind in ("lighting", "colour", "camera")]
+
+    def cell(attention, overrides, clean, under, seeds=3, conditions=shifts):
+        return [Record("lift", "bc", attention, 4000, overrides, s, c, k, n) for s in range(seeds)
+                for c, k, n in [({}, clean, 50), *((c, k, 30) for c, k in zip(conditions, under))]]
+
+    wrist = {f"+{k}": v for k, v in WRIST.items()}
+    save(tmp_path, "scene_training", [*cell("full", AUGMENT, 49, (30, 28, 13)),  # the recipe: camera 2 at 43%
+                                      *cell("full", {**AUGMENT, **COLOUR}, 50, (30, 29, 12)),  # keeps clean, not the camera
+                                      *cell("full", {**AUGMENT, **SHIFT}, 48, (28, 28, 27)),  # 96% clean (-2 points), >= 90%
+                                      *cell("fibottention", AUGMENT, 50, (30, 27, 12)),
+                                      *cell("fibottention", {**AUGMENT, **SHIFT}, 45, (29, 29, 29)),  # 90% clean: -10 points
+                                      *cell("full", {**AUGMENT, **wrist}, 50, (30, 30, 30), seeds=1),
+                                      *cell("fibottention", {**AUGMENT, **COLOUR}, 50, (30, 30), conditions=shifts[:2])])
+    rows = studies.claims.adoption(studies.claims.load_all(tmp_path))
+    verdicts = {(r["fix"], r["encoder"]): r["verdict"] for r in rows}
+    assert verdicts == {("random shift", "full"): "holds",
+                        ("random shift", "Fibottention"): "does not hold: clean -10 points",
+                        ("hue/saturation jitter", "full"): "does not hold: camera 2 40%",
+                        ("hue/saturation jitter", "Fibottention"): "not measured under camera 2",
+                        ("wrist camera", "full"): "1 seed (fewer than 3)"}
+    shift = next(r for r in rows if r["fix"] == "random shift" and r["encoder"] == "full")
+    assert shift["success"]["recipe"]["camera 2"][0] == 13 / 30 and shift["success"]["fix"]["clean"][0] == 48 / 50
+    table, names = studies.claims.adoption_table(rows)
+    assert names == ["lighting 2", "colour 2", "camera 2"] and table[0][4].startswith("96% [") and table[0][5] == "-2"
+    adoption_figure(rows, tmp_path / "a.png")
+    adoption_figure(rows, tmp_path / "b.png")  # a rerun writes the same bytes (no version stamp)
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
