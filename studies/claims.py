@@ -251,8 +251,9 @@ def adopted(rates: dict[str, dict[str, Estimate | None]], seeds: int) -> str:
     return f"does not hold: {', '.join(broken)}" if broken else "holds"
 
 
-def adoption_table(rows: list[dict]) -> list[list[str]]:
-    """claims.md's adoption table: the fix's success clean and under each scene shift, its clean gap to the recipe, the verdict."""
+def adoption_table(rows: list[dict]) -> tuple[list[list], list[str]]:
+    """claims.md's adoption table (the fix's success clean and under each scene shift, its clean gap to the recipe, the
+    verdict) and the names of its shift columns."""
     shifts = list(dict.fromkeys(name for r in rows for name in r["success"]["fix"] if name != "clean"))
     fmt = lambda e: "—" if e is None else f"{100 * e[0]:.0f}% [{100 * e[1]:.0f}, {100 * e[2]:.0f}]"
     gap = lambda r: "—" if None in (r["success"]["fix"]["clean"], r["success"]["recipe"]["clean"]) else \

@@ -24,6 +24,7 @@ def adoption_figure(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = list(dict.fromkeys((r["task"], r["encoder"]) for r in rows))
+    colours = {name: f"C{k}" for k, name in enumerate(dict.fromkeys(name for r in rows for name in r["success"]["fix"]))}
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.3 * len(panels)), squeeze=False)
     for ax, (task, encoder) in zip(axes[:, 0], panels):
         mine = [r for r in rows if (r["task"], r["encoder"]) == (task, encoder)]
@@ -37,14 +38,14 @@ def adoption_figure(rows: list[dict], path: Path) -> None:
                 xs, est = zip(*found)
                 mean = np.array([100 * e[0] for e in est])  # (fixes,) percent
                 err = np.abs(np.array([[100 * e[1] for e in est], [100 * e[2] for e in est]]) - mean)  # (2, fixes) below/above
-                ax.bar(xs, mean, BAR_WIDTH, yerr=err, capsize=2, label=name, color=f"C{k}")
+                ax.bar(xs, mean, BAR_WIDTH, yerr=err, capsize=2, label=name, color=colours[name])  # PushT renders no light
         ax.axhline(100 * ADOPT_SHIFT_FLOOR, color="k", linestyle=":", linewidth=1, label=f"rule: ≥ {ADOPT_SHIFT_FLOOR:.0%} under each shift")
         ax.set_xticks(np.arange(len(groups)), [textwrap.fill(f"{label} ({seeds} seed{'s' * (seeds != 1)})", LABEL_WIDTH)
                                                for label, seeds, _ in groups], fontsize=7)
         ax.set(ylim=(0, 105), ylabel="success %", title=f"{task}, {encoder}")
         ax.grid(axis="y", alpha=0.3)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8)
+    legend = {label: handle for ax in axes[:, 0] for handle, label in zip(*ax.get_legend_handles_labels())}  # every panel's
+    fig.legend(legend.values(), legend.keys(), loc="upper center", ncol=len(legend), fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 1 - LEGEND_SPACE / len(panels)))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")  # whole at every moment, as core.preflight.replace_file

@@ -193,3 +193,8 @@ def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_s
     adoption_figure(rows, tmp_path / "a.png")
     adoption_figure(rows, tmp_path / "b.png")  # a rerun writes the same bytes (no version stamp)
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+    # a task that renders no light (PushT) is one more panel with fewer bars
+    no_light = {**rows[0], "task": "pusht", "success": {side: {k: v for k, v in per.items() if k != "lighting 2"}
+                                                         for side, per in rows[0]["success"].items()}}
+    adoption_figure([*rows, no_light], tmp_path / "c.png")
+    assert len((tmp_path / "c.png").read_bytes()) > len((tmp_path / "a.png").read_bytes())
