@@ -22,9 +22,8 @@ import numpy as np
 from core.preflight import replace_file
 from core.stats import (ALPHA, EQUIVALENCE_MARGIN, UNRESOLVED, Estimate, bootstrap_difference, bootstrap_rate, holm, verdict,
                         wilson_interval)
-from envs.scene_shifts import scene_kinds_of
-from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SEVERITY, ADOPT_SHIFT_FLOOR, CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY,
-                              README_CONDITIONS, README_ROWS, SCENE_FIXES, TASKS, VERDICT_SEEDS, Arm, Claim, with_overrides)
+from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY,
+                              README_CONDITIONS, README_ROWS, SCENE_FIXES, TASKS, VERDICT_SEEDS, Arm, Claim, scene, with_overrides)
 from studies.figures import adoption_figure
 from studies.records import Record, condition_text, load, overrides_text
 
@@ -55,6 +54,11 @@ def pct(d: Estimate, sign=True, measure="success") -> str:
     scale, k = SCALE[measure]
     f = f"{{:{'+' * sign}.{k}f}}"
     return f"{f.format(scale * d.mean)} [{f.format(scale * d.lo)}, {f.format(scale * d.hi)}]"
+
+
+def interval(e: Estimate) -> list[float]:
+    """claims.json's form of an estimate in the adoption rows: [mean, low, high]."""
+    return [e.mean, e.lo, e.hi]
 
 
 def value_text(recs: list[Record]) -> str:
@@ -218,33 +222,31 @@ def fix_table(records: dict[str, list[Record]], fix) -> list[dict]:
 
 def adoption(records: dict[str, list[Record]]) -> list[dict]:
     """Issue 46's rule per scene fix and encoder: does it keep the recipe's clean success and hold every scene shift?
-    Each row carries the fix's and the recipe's success per condition (mean over seeds, 95% interval) for the figure."""
+    Each row carries the fix's and the recipe's success per condition (``Estimate`` or None) for the table and the figure."""
     out = []
     for fix in (FIXES[name] for name in SCENE_FIXES):
-        recs = pooled(records, (fix.study, *fix.also))
-        shifts = {f"{kind} {ADOPT_SEVERITY}": {"corruption": [[kind, ADOPT_SEVERITY]]} for kind in scene_kinds_of(fix.task)}
+        recs, conditions = pooled(records, (fix.study, *fix.also)), {"clean": {}, **{s.where: s.condition for s in scene(fix.task)}}
         for encoder in fix.encoders:
             recipe = with_overrides(encoder, fix.base)
-            rows = {side: {name: pick(recs, fix.task, fix.policy, arm, c, "success") for name, c in {"clean": {}, **shifts}.items()}
+            rows = {side: {name: pick(recs, fix.task, fix.policy, arm, c, "success") for name, c in conditions.items()}
                     for side, arm in (("fix", with_overrides(recipe, fix.overrides)), ("recipe", recipe))}
             if not any(rows["fix"].values()):
                 continue
             rates = {side: {name: bootstrap_rate(outcomes(r)) if r else None for name, r in per.items()} for side, per in rows.items()}
             seeds, recipe_seeds = (min(len(r or ()) for r in rows[side].values()) for side in ("fix", "recipe"))
+            clean = rates["fix"]["clean"], rates["recipe"]["clean"]
+            gap = None if None in clean else clean[0].mean - clean[1].mean
             out.append({"task": fix.task, "fix": fix.label, "encoder": encoder.label, "seeds": seeds, "recipe_seeds": recipe_seeds,
-                        "verdict": adopted(rates, seeds), "success": {side: {name: e and [e.mean, e.lo, e.hi] for name, e in per.items()}
-                                                                       for side, per in rates.items()}})
+                        "clean_gap": gap, "verdict": adopted(rates["fix"], gap, seeds), "success": rates})
     return out
 
 
-def adopted(rates: dict[str, dict[str, Estimate | None]], seeds: int) -> str:
+def adopted(fix: dict[str, Estimate | None], gap: float | None, seeds: int) -> str:
     """"holds", or what breaks the rule (on the means), or what is missing for a verdict."""
-    fix, recipe = rates["fix"], rates["recipe"]
-    if None in fix.values() or recipe["clean"] is None:
+    if None in fix.values() or gap is None:
         return f"not measured under {', '.join(name for name, e in fix.items() if e is None) or 'clean (the recipe)'}"
     if seeds < VERDICT_SEEDS:
         return f"{seeds} seed{'s' * (seeds > 1)} (fewer than {VERDICT_SEEDS})"
-    gap = fix["clean"].mean - recipe["clean"].mean
     below = lambda value, limit: value < limit - ROUNDING  # a mean exactly at the limit passes (e.g. 0.96 - 0.98)
     broken = [f"clean {100 * gap:+.0f} points"] * below(gap, -ADOPT_CLEAN_MARGIN) + [
         f"{name} {100 * e.mean:.0f}%" for name, e in fix.items() if name != "clean" and below(e.mean, ADOPT_SHIFT_FLOOR)]
@@ -255,11 +257,10 @@ def adoption_table(rows: list[dict]) -> tuple[list[list], list[str]]:
     """claims.md's adoption table (the fix's success clean and under each scene shift, its clean gap to the recipe, the
     verdict) and the names of its shift columns."""
     shifts = list(dict.fromkeys(name for r in rows for name in r["success"]["fix"] if name != "clean"))
-    fmt = lambda e: "—" if e is None else f"{100 * e[0]:.0f}% [{100 * e[1]:.0f}, {100 * e[2]:.0f}]"
-    gap = lambda r: "—" if None in (r["success"]["fix"]["clean"], r["success"]["recipe"]["clean"]) else \
-        f"{100 * (r['success']['fix']['clean'][0] - r['success']['recipe']['clean'][0]):+.0f}"
-    return [[r["task"], r["fix"], r["encoder"], r["seeds"], fmt(r["success"]["fix"]["clean"]), gap(r),
-             *(fmt(r["success"]["fix"].get(name)) if name in r["success"]["fix"] else "not rendered" for name in shifts), r["verdict"]]
+    fmt = lambda e: "—" if e is None else e.fmt()
+    return [[r["task"], r["fix"], r["encoder"], r["seeds"], fmt(r["success"]["fix"]["clean"]),
+             "—" if r["clean_gap"] is None else f"{100 * r['clean_gap']:+.0f}",
+             *(fmt(r["success"]["fix"][name]) if name in r["success"]["fix"] else "not rendered" for name in shifts), r["verdict"]]
             for r in rows], shifts
 
 
@@ -335,7 +336,7 @@ def report(results: Path) -> list[dict]:
                   f"<!-- {name}:begin -->", f"<!-- {name}:end -->", append=False)
     replace_file(results / "claims.json", json.dumps({"comparisons": measured, "equivalence_margin": EQUIVALENCE_MARGIN, "rows": rows,
                                                       **{k.replace("-", "_"): body for k, (_, body) in tables.items()},
-                                                      "adoption": rule}, indent=2) + "\n")
+                                                      "adoption": rule}, indent=2, default=interval) + "\n")
     if (readme := results.parent / "README.md").exists():  # the repository's README, beside results/
         write(readme, markdown(["encoder", "clean", "brightness +0.1", "contrast ×0.5"], readme_table(records)),
               "<!-- evidence:begin -->", "<!-- evidence:end -->", append=False)

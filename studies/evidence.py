@@ -199,8 +199,8 @@ FIXES = {"per-image": Fix("per-image input", PER_IMAGE, (FULL, FIB)),
                              task="pusht", policy="diffusion")}
 # issue 46's rule for adopting a training fix into a task's recipe, on the means over seeds: clean success within
 # ADOPT_CLEAN_MARGIN of the same encoder's recipe, and at least ADOPT_SHIFT_FLOOR under every scene shift the task
-# renders at ADOPT_SEVERITY (inside the training range of randomised demonstrations), each on VERDICT_SEEDS seeds
-ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, ADOPT_SEVERITY = 0.02, 0.90, 2
+# renders (``scene(task)``: severity 2, inside the training range of randomised demonstrations), each on VERDICT_SEEDS seeds
+ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR = 0.02, 0.90
 SCENE_FIXES = ("shift", "shift-colour", "randomised", "colour", "wrist", "randomised-shift-colour", "colour-can", "colour-pusht")
 # the README's evidence table: (label, arm, the study of its clean row, of its other conditions, task, policy)
 README_CONDITIONS = ({}, BRIGHTNESS, CONTRAST)

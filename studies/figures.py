@@ -1,6 +1,6 @@
 """The adoption figure: each scene fix's success, clean and under each scene shift, beside the recipe's, per task and encoder.
 
-Drawn from the rows of ``studies.claims.adoption`` (plain numbers), so it shows what claims.md's adoption table says.
+Drawn from the rows of ``studies.claims.adoption``, so it shows what claims.md's adoption table says.
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def adoption_figure(rows: list[dict], path: Path) -> None:
             found = [(xi, s[name]) for xi, (_, _, s) in zip(x, groups) if s.get(name)]
             if found:
                 xs, est = zip(*found)
-                mean = np.array([100 * e[0] for e in est])  # (fixes,) percent
-                err = np.abs(np.array([[100 * e[1] for e in est], [100 * e[2] for e in est]]) - mean)  # (2, fixes) below/above
+                mean = np.array([100 * e.mean for e in est])  # (fixes,) percent
+                err = np.abs(np.array([[100 * e.lo for e in est], [100 * e.hi for e in est]]) - mean)  # (2, fixes) below/above
                 ax.bar(xs, mean, BAR_WIDTH, yerr=err, capsize=2, label=name, color=colours[name])  # PushT renders no light
         ax.axhline(100 * ADOPT_SHIFT_FLOOR, color="k", linestyle=":", linewidth=1, label=f"rule: ≥ {ADOPT_SHIFT_FLOOR:.0%} under each shift")
         ax.set_xticks(np.arange(len(groups)), [textwrap.fill(f"{label} ({seeds} seed{'s' * (seeds != 1)})", LABEL_WIDTH)
