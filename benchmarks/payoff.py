@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from common.figures import save_png
 from benchmarks.policy_speed import build, cpu_model, fake_batch
 
 METHODS = {
@@ -160,7 +161,7 @@ def plot(rows: list[dict], meta: dict, path: Path) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"CPU, 1 thread, shared machine ({meta['device_model']})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
 
 
 def main(argv=None) -> None:

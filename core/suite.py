@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.figures import save_png
 from envs.corruptions import Shift, parse_shifts
 from envs.scene_shifts import SCENE_KINDS, SCENE_SEVERITIES, scene_kinds_of
 
@@ -128,10 +129,7 @@ def _plot(path: Path, summaries: dict[str, dict]) -> None:
     ax.set(xlabel="severity (0: clean)", ylabel="success (%)", ylim=(-2, 102), title=f"{clean['task']} {clean['policy']}")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
+    save_png(fig, path, dpi=100)
 
 
 def main(argv=None) -> None:

@@ -17,6 +17,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np  # noqa: E402
 
+from common.figures import save_png  # noqa: E402
+
 from .corruptions import corrupt  # noqa: E402
 from .factory import EVAL_SEED_START, TASKS, make_env  # noqa: E402
 from .scene_shifts import SCENE_SEVERITIES, scene_kinds_of  # noqa: E402
@@ -65,10 +67,7 @@ def grid(rows: dict[str, list[np.ndarray]], columns: list[str], title: str, path
                 ax.set_ylabel(kind, fontsize=7)
     fig.suptitle(title, fontsize=8)
     fig.tight_layout(pad=0.3)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=DPI, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)  # a half-written picture never takes the name
+    save_png(fig, path, dpi=DPI)  # a half-written picture never takes the name
     print(f"wrote {path}")
 
 

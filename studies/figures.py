@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.figures import save_png
 from studies.evidence import ADOPT_SHIFT_FLOOR
 
 BAR_WIDTH = 0.2  # of one fix's group (four conditions at most: clean and three scene kinds)
@@ -48,7 +49,4 @@ def adoption_figure(rows: list[dict], path: Path) -> None:
     fig.legend(legend.values(), legend.keys(), loc="upper center", ncol=len(legend), fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 1 - LEGEND_SPACE / len(panels)))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")  # whole at every moment, as core.preflight.replace_file
-    fig.savefig(tmp, dpi=100, format="png", metadata={"Software": None})  # no version stamp: a rerun writes the same bytes
-    plt.close(fig)
-    tmp.replace(path)
+    save_png(fig, path, dpi=100, metadata={"Software": None})  # no version stamp: a rerun writes the same bytes

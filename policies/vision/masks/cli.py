@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from common.figures import save_png
 from ..attention import AttentionConfig
 from . import FIB_WINDOWS, FibottentionPattern, LookHerePattern, make_pattern
 
@@ -83,8 +84,7 @@ def draw_png(pattern, grid: tuple[int, int], path: str) -> None:
     axes[1, 0].set_ylabel("P x P mask", fontsize=8)
     fig.suptitle(f"{summarize(pattern, grid)['kind']} on a {gh}x{gw} grid", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
 
 
 def parse_grid(text: str) -> tuple[int, int]:
