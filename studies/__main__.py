@@ -1,6 +1,6 @@
 """Run a study, or turn plain runs into records; ``python -m studies.claims`` then writes the tables.
 
-    python -m studies show robustness            # the commands it would run; nothing runs
+    python -m studies show robustness            # the commands it would run, each with where it stands; nothing runs
     python -m studies run robustness [--budget cpu] [--seeds 0,1] [--jobs 2] [--engine joblib|local|slurm]
     python -m studies run scene_training --arms full --variants 0 --seeds 1 --settings clean,camera2   # a part of it
     python -m studies add robustness RUN_DIR ... [--recipe cpu] [--evals clean,brightness1]   # docs/studies.md
@@ -67,6 +67,21 @@ def check_fits(study: str, run: Path) -> None:
                          f"{'/'.join(wanted.policies)} runs: add it to a study of its task and policy, or to a name of your own")
 
 
+def show(study, budget, results: Path) -> None:
+    """Each cell's two commands, each with where it stands (trained? evaluated?), then how much is left."""
+    from studies.study import check
+
+    cells, trained, done, evals = study.cells(budget, results), 0, 0, 0
+    for cell, steps in zip(cells, check(study, budget, cells)):  # composed as `run` would: a mistake is one line
+        print(shlex.join(["python", *cell.train_command()[1:]]) + f"  # {(progress := cell.progress(steps))}")
+        trained += progress.startswith("trained")
+        for name, opts in study.rollout_options(budget, cell).items():
+            state = cell.evaluated(name)
+            print("  " + shlex.join(["python", "rollout.py", f"checkpoint={cell.run_dir}", *opts]) + f"  # {name}: {state}")
+            done, evals = done + state.endswith("done"), evals + 1
+    print(f"# {study.name}: {trained} of {len(cells)} cells trained, {done} of {evals} evaluations done")
+
+
 def main(argv=None) -> list[str]:
     args = parse(sys.argv[1:] if argv is None else argv)
     results = Path(args.results)
@@ -88,10 +103,7 @@ def main(argv=None) -> list[str]:
                          **({"workers": args.workers} if args.workers is not None else {}))
         study = STUDIES[args.study].select(args.arms, args.variants, args.settings)
         if args.verb == "show":
-            for cell in study.cells(budget, results):
-                print(shlex.join(["python", *cell.train_command()[1:]]))
-                for name, opts in study.rollout_options(budget, cell).items():
-                    print("  " + shlex.join(["python", "rollout.py", f"checkpoint={cell.run_dir}", *opts]))
+            show(study, budget, results)
             return []
         from studies.study import run
 

@@ -130,6 +130,24 @@ class Cell:
         last = newest_checkpoint(self.run_dir / "checkpoints")
         return 0 if last is None else checkpoint_step(last)
 
+    def progress(self, steps: int) -> str:
+        """Where the cell stands against its ``steps`` (``show`` prints it): trained, resumable, running, not started."""
+        if pid := training_pid(self.run_dir):
+            return f"being trained by PID {pid}"
+        if not self.run_dir.exists():
+            return "no run directory"
+        if not (step := self.trained_step()):
+            return "no checkpoint: trains from the start"
+        return f"trained, {step} steps" if step >= steps else f"resumes from step {step} of {steps}"
+
+    def evaluated(self, setting: str) -> str:
+        """The setting's result if its rollouts finished (``show``), else what is left."""
+        summary = self.run_dir / "eval" / setting / "summary.json"
+        if not summary.exists():
+            return "to run"
+        done = json.loads(summary.read_text())
+        return f"{done['successes']}/{done['num_episodes']} done"
+
     def train_command(self) -> list[str]:
         """Resume from the newest complete checkpoint (``run`` restarts one stopped before its first)."""
         resume = ["resume=true"] * (self.trained_step() > 0)

@@ -11,6 +11,7 @@ import torch
 
 from envs.corruptions import CORRUPTIONS, corrupt
 from studies.__main__ import main as studies_main
+from studies.__main__ import show
 from studies.catalog import STUDIES
 from studies.records import load, records_of_run
 from studies.study import BUDGETS, Cell, Study, check, run
@@ -83,14 +84,17 @@ def test_a_cell_that_another_process_trains_is_left_to_it(tmp_path, tiny_budget)
         lock.write("4242")
         lock.flush()
         assert run(study, tiny_budget, tmp_path, log=lines.append) == []
+        assert cell.progress(2) == "being trained by PID 4242"  # what `show` says of it
+    assert cell.progress(2) == "no checkpoint: trains from the start"
     assert (cell.run_dir / "config.json").read_text() == "{}" and not (cell.run_dir / "checkpoints").exists()
     assert f"tiny: {cell.run_dir.name} is being trained by PID 4242; rerun when it finishes" in "\n".join(lines)
 
 
-def test_an_interrupted_cell_resumes_from_its_checkpoint(tmp_path, tiny_budget):
+def test_an_interrupted_cell_resumes_from_its_checkpoint_and_show_says_where_each_stands(tmp_path, tiny_budget, capsys):
     budget = replace(tiny_budget, train_overrides={**tiny_budget.train_overrides, "train.steps": "4"})
     study = Study("tiny", ("pusht",), ("bc",), (FULL,), {"clean": SETTINGS["clean"]})
     cell = study.cells(budget, tmp_path)[0]
+    assert cell.progress(4) == "no run directory" and cell.evaluated("clean") == "to run"
     stopped = ["train.steps=2" if o == "train.steps=4" else o for o in cell.train_command()]  # stops at its step-2 checkpoint
     import subprocess
 
@@ -98,8 +102,15 @@ def test_an_interrupted_cell_resumes_from_its_checkpoint(tmp_path, tiny_budget):
 
     subprocess.run(stopped, cwd=REPO, check=True, capture_output=True)
     assert cell.trained_step() == 2 and cell.train_command()[-1] == "resume=true"
+    assert cell.progress(4) == "resumes from step 2 of 4"
     assert run(study, budget, tmp_path, log=print) == [] and cell.trained_step() == 4
     assert "resumed" in (cell.run_dir / "logs" / "train.log").read_text()
+    summary = json.loads((cell.run_dir / "eval" / "clean" / "summary.json").read_text())
+    capsys.readouterr()
+    show(study, budget, tmp_path)  # each command with where it stands, then what is left
+    train, clean, total = capsys.readouterr().out.splitlines()
+    assert train.endswith("resume=true  # trained, 4 steps") and clean.endswith(f"  # clean: {summary['successes']}/1 done")
+    assert total == "# tiny: 1 of 1 cells trained, 1 of 1 evaluations done"
 
 
 @pytest.mark.parametrize("engine", ["joblib", "local"])
@@ -156,8 +167,10 @@ def test_show_prints_the_two_commands_of_every_cell(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("python train_policy.py task=lift policy=bc attention=full recipe=cpu seed=1 eval.num_episodes=0 "
                                "policy.image_aug.brightness=0.0 policy.image_aug.contrast=0.0 run_dir=")  # the papers' setting
-    assert lines[2].endswith("num_episodes=30 workers=2 max_steps=200 corruption=brightness:1 num_threads=1") and len(lines) == 6 * (1 + 6)
-    assert lines[6].endswith("max_steps=200 corruption=camera:2 num_threads=1")  # the scene shifts, rendered by the simulator
+    assert lines[0].endswith("  # no run directory") and len(lines) == 6 * (1 + 6) + 1
+    assert lines[2].endswith("num_episodes=30 workers=2 max_steps=200 corruption=brightness:1 num_threads=1  # brightness1: to run")
+    assert lines[6].endswith("max_steps=200 corruption=camera:2 num_threads=1  # camera2: to run")  # rendered by the simulator
+    assert lines[-1] == "# robustness: 0 of 6 cells trained, 0 of 36 evaluations done"
     with pytest.raises(SystemExit):
         studies_main(["run", "robustnes"])
     assert "unknown study 'robustnes'" in capsys.readouterr().err
@@ -167,11 +180,12 @@ def test_a_part_of_a_study_is_its_own_cells_and_settings_and_a_wrong_name_is_one
     whole = {c.run_dir: c for c in STUDIES["scene_training"].cells(BUDGETS["cpu"], tmp_path)}
     studies_main(["show", "scene_training", "--arms", "fibottention", "--variants", "1", "--seeds", "2",
                   "--settings", "clean,camera2", "--workers", "1", "--results", str(tmp_path)])
-    train, clean, camera = capsys.readouterr().out.splitlines()
-    run_dir = train.rsplit("run_dir=", 1)[1]
+    train, clean, camera, _ = capsys.readouterr().out.splitlines()
+    run_dir = train.split("  # ")[0].rsplit("run_dir=", 1)[1]
     # the one cell of the whole study with that arm, variant (the random shift) and seed, in the same directory
     assert whole[Path(run_dir)].arm == {"attention": "fibottention"} and "policy.image_aug.shift=4 " in train and "seed=2 " in train
-    assert clean.endswith("num_episodes=50 workers=1 num_threads=1") and camera.endswith("workers=1 max_steps=200 corruption=camera:2 num_threads=1")
+    assert clean.endswith("num_episodes=50 workers=1 num_threads=1  # clean: to run")
+    assert camera.endswith("workers=1 max_steps=200 corruption=camera:2 num_threads=1  # camera2: to run")
     part = STUDIES["robustness"].select(arms=["fibottention:windows=robot", "full"], settings=["lighting2"])
     assert [a.get("attention.windows") for a in part.arms] == [None, "robot"] and list(part.settings) == ["lighting2"]
     for argv, message in [(["--arms", "fib"], "study robustness has no arm fib: choose from full, fibottention, lookhere, "),
