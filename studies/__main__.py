@@ -69,11 +69,16 @@ def check_fits(study: str, run: Path) -> None:
 
 def show(study, budget, results: Path) -> None:
     """Each cell's two commands, each with where it stands (trained? evaluated?), then how much is left."""
+    from core.config import to_dict
+    from studies.records import load, records_of_training
     from studies.study import check
 
-    cells, trained, done, evals = study.cells(budget, results), 0, 0, 0
-    for cell, steps in zip(cells, check(study, budget, cells)):  # composed as `run` would: a mistake is one line
-        print(shlex.join(["python", *cell.train_command()[1:]]) + f"  # {(progress := cell.progress(steps))}")
+    cells, trained, done, evals, records = study.cells(budget, results), 0, 0, 0, load(results, study.name)
+    for cell, cfg in zip(cells, check(study, budget, cells)):  # composed as `run` would: a mistake is one line
+        progress = cell.progress(cfg.train.steps)
+        if progress == "no run directory" and (kept := records_of_training(records, to_dict(cfg), budget.recipe)):
+            progress += f", {len(kept)} record{'s' * (len(kept) > 1)} of it kept (run trains it again)"  # its directory was removed
+        print(shlex.join(["python", *cell.train_command()[1:]]) + f"  # {progress}")
         trained += progress.startswith("trained")
         for name, opts in study.rollout_options(budget, cell).items():
             state = cell.evaluated(name)

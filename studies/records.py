@@ -177,15 +177,26 @@ def run_config(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "config.json").read_text())
 
 
+def training_fields(cfg: dict, recipe: str) -> dict:
+    """What names one training in a record, from its config: task, policy, attention, steps, overrides, seed."""
+    return dict(task=cfg["task"]["name"], policy=cfg["policy"]["name"], attention=cfg["attention"]["kind"],
+                steps=int(cfg["train"]["steps"]), overrides=extra_overrides(cfg, recipe), seed=int(cfg["seed"]))
+
+
+def records_of_training(records: list[Record], cfg: dict, recipe: str) -> list[Record]:
+    """The records of the training that ``cfg`` configures, found without its run directory."""
+    named = training_fields(cfg, recipe)
+    named["overrides"] = Record(**named, condition={}).overrides  # in the order records keep them
+    return [r for r in records if all(getattr(r, k) == v for k, v in named.items())]
+
+
 def run_fields(run_dir: Path, recipe: str) -> dict:
-    """What every record of a training run shares: task, policy, attention, steps, overrides, seed, minutes, commit."""
+    """What every record of a training run shares: ``training_fields``, then its minutes and the commit."""
     from policies.checkpoint import newest_checkpoint
 
-    cfg = run_config(run_dir)
     last = newest_checkpoint(Path(run_dir) / "checkpoints")
     state = json.loads((last / "training_state.json").read_text())["__dict__"] if last else {}
-    return dict(task=cfg["task"]["name"], policy=cfg["policy"]["name"], attention=cfg["attention"]["kind"],
-                steps=int(cfg["train"]["steps"]), overrides=extra_overrides(cfg, recipe), seed=int(cfg["seed"]),
+    return dict(**training_fields(run_config(run_dir), recipe),
                 train_seconds=state.get("train_seconds"), commit=subprocess.run(  # the code that recorded it
                     ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip())
 

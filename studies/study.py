@@ -167,8 +167,8 @@ def training_pid(run_dir: Path) -> str | None:
     return None
 
 
-def check(study: Study, budget: Budget, cells: list[Cell]) -> list[int]:
-    """Compose every cell and setting as the two commands would (one line on a mistake); each cell's train.steps."""
+def check(study: Study, budget: Budget, cells: list[Cell]) -> list:
+    """Compose every cell and setting as the two commands would (one line on a mistake); each cell's training config."""
     from core.config import compose
 
     def composed(what: str, config: str, overrides: list[str]):
@@ -180,7 +180,7 @@ def check(study: Study, budget: Budget, cells: list[Cell]) -> list[int]:
 
     for options in study.rollout_options(budget).values():
         composed("python rollout.py", "rollout", ["checkpoint=CELL", *options])
-    return [composed("python train_policy.py", "config", c.args).train.steps for c in cells]
+    return [composed("python train_policy.py", "config", c.args) for c in cells]
 
 
 def _command(cmd: list[str], log: Path) -> int:
@@ -219,7 +219,7 @@ def run(study: Study, budget: Budget, results: Path, engine: str = "joblib", n_j
     from studies.records import records_of_run, save
 
     cells = study.cells(budget, results)
-    steps = {c.run_dir: n for c, n in zip(cells, check(study, budget, cells))}
+    steps = {c.run_dir: cfg.train.steps for c, cfg in zip(cells, check(study, budget, cells))}
     busy = {c.run_dir: pid for c in cells if (pid := training_pid(c.run_dir))}
     todo = [c for c in cells if c.trained_step() < steps[c.run_dir] and c.run_dir not in busy]
     log(f"{study.name}: {len(cells)} cells, {len(cells) - len(todo) - len(busy)} trained already, {len(todo)} to train" +

@@ -111,6 +111,9 @@ def test_an_interrupted_cell_resumes_from_its_checkpoint_and_show_says_where_eac
     train, clean, total = capsys.readouterr().out.splitlines()
     assert train.endswith("resume=true  # trained, 4 steps") and clean.endswith(f"  # clean: {summary['successes']}/1 done")
     assert total == "# tiny: 1 of 1 cells trained, 1 of 1 evaluations done"
+    cell.run_dir.rename(tmp_path / "elsewhere")  # its records stay: show finds them from the composed config
+    show(study, budget, tmp_path)
+    assert capsys.readouterr().out.splitlines()[0].endswith("  # no run directory, 1 record of it kept (run trains it again)")
 
 
 @pytest.mark.parametrize("engine", ["joblib", "local"])
@@ -146,7 +149,7 @@ def test_every_study_of_the_catalog_composes_and_names_its_cells_as_before(tmp_p
     budget = replace(BUDGETS["cpu"], seeds=(0,))
     for study in STUDIES.values():
         cells = study.cells(budget, tmp_path)
-        assert all(steps > 0 for steps in check(study, budget, cells))
+        assert all(cfg.train.steps > 0 for cfg in check(study, budget, cells))
         assert len({c.run_dir for c in cells}) == len(cells)
     # earlier studies named the directory by its label; it is found by the hash of the same overrides
     cell = Cell("lift", "bc", {"attention": "fibottention", "attention.windows": "robot"}, 0, "cpu", results=tmp_path)
