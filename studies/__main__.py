@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -79,11 +80,12 @@ def show(study, budget, results: Path) -> None:
         if progress == "no run directory" and (kept := records_of_training(records, to_dict(cfg), budget.recipe)):
             progress += f", {len(kept)} record{'s' * (len(kept) > 1)} of it kept (run trains it again)"  # its directory was removed
         print(shlex.join(["python", *cell.train_command()[1:]]) + f"  # {progress}")
-        trained += progress.startswith("trained")
+        trained += cell.trained_step() >= cfg.train.steps
         for name, opts in study.rollout_options(budget, cell).items():
-            state = cell.evaluated(name)
+            result = json.loads(cell.summary(name).read_text()) if cell.summary(name).exists() else None
+            state = f"{result['successes']}/{result['num_episodes']} done" if result else "to run"
             print("  " + shlex.join(["python", "rollout.py", f"checkpoint={cell.run_dir}", *opts]) + f"  # {name}: {state}")
-            done, evals = done + state.endswith("done"), evals + 1
+            done, evals = done + bool(result), evals + 1
     print(f"# {study.name}: {trained} of {len(cells)} cells trained, {done} of {evals} evaluations done")
 
 

@@ -140,13 +140,9 @@ class Cell:
             return "no checkpoint: trains from the start"
         return f"trained, {step} steps" if step >= steps else f"resumes from step {step} of {steps}"
 
-    def evaluated(self, setting: str) -> str:
-        """The setting's result if its rollouts finished (``show``), else what is left."""
-        summary = self.run_dir / "eval" / setting / "summary.json"
-        if not summary.exists():
-            return "to run"
-        done = json.loads(summary.read_text())
-        return f"{done['successes']}/{done['num_episodes']} done"
+    def summary(self, setting: str) -> Path:
+        """Where the setting's rollouts write their summary.json (its evaluation is done once it exists)."""
+        return self.run_dir / "eval" / setting / "summary.json"
 
     def train_command(self) -> list[str]:
         """Resume from the newest complete checkpoint (``run`` restarts one stopped before its first)."""
@@ -233,8 +229,8 @@ def run(study: Study, budget: Budget, results: Path, engine: str = "joblib", n_j
     trained = [c for c in cells if c.trained_step() >= steps[c.run_dir] and not training_pid(c.run_dir)]
     failed |= {f"evaluations of {c.run_dir.name}": "not run, its training did not finish" for c in todo if c not in trained}
     evals = {f"eval {c.run_dir.name} {name}": ([sys.executable, "rollout.py", f"checkpoint={c.run_dir}", *opts, "num_videos=0",
-                                               f"out_dir={c.run_dir / 'eval' / name}"], c.run_dir / "logs" / f"eval_{name}.log",
-                                              c.run_dir / "eval" / name / "summary.json")
+                                               f"out_dir={c.summary(name).parent}"], c.run_dir / "logs" / f"eval_{name}.log",
+                                              c.summary(name))
              for c in trained for name, opts in study.rollout_options(budget, c).items()}
     todo_evals = [(label, cmd, log) for label, (cmd, log, summary) in evals.items() if not summary.exists()]
     log(f"{study.name}: {len(evals)} evaluations, {len(evals) - len(todo_evals)} cached, {len(todo_evals)} to run")
