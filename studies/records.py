@@ -186,7 +186,6 @@ def training_fields(cfg: dict, recipe: str) -> dict:
 def records_of_training(records: list[Record], cfg: dict, recipe: str) -> list[Record]:
     """The records of the training that ``cfg`` configures, found without its run directory."""
     named = training_fields(cfg, recipe)
-    named["overrides"] = Record(**named, condition={}).overrides  # in the order records keep them
     return [r for r in records if all(getattr(r, k) == v for k, v in named.items())]
 
 
