@@ -6,6 +6,7 @@ generation) is done.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # what a path holds and whether its folder can be written: the data layer's writers check with them
@@ -14,10 +15,14 @@ from datasets.episodes import SHOWN_ENTRIES, check_writable, contents
 
 
 def replace_file(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary name beside ``path`` and rename it over: whole at every moment."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Write ``text`` to a temporary name beside ``path`` and rename it over: whole at every moment. The temporary
+    name carries the process id, so two processes writing the same file never write into each other's."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone after the rename; a write that failed leaves nothing behind
 
 
 def check_output_dir(path, option: str) -> None:

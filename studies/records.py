@@ -9,6 +9,7 @@ A record replaces one of the same key (the same training, measured again under t
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import subprocess
@@ -25,6 +26,7 @@ from envs.factory import EVAL_SEED_START
 PAPERS_SETTING = {"policy.image_aug.brightness": "0.0", "policy.image_aug.contrast": "0.0"}
 NOT_EXTRA = ("seed", "policy.vit.attention.", "policy.input_shapes.", "policy.action_dim", "policy.crop_size", "policy.name",
              "task.dataset.format")
+LOCK_NAME = ".records.lock"  # beside records.jsonl, held while one process merges its records in (git ignores it)
 OPTIONAL = ("measure", "value", "detail", "provenance")  # written only where set: an evaluation's record has none
 
 
@@ -121,13 +123,17 @@ def load(results: Path, study: str) -> list[Record]:
 
 
 def save(results: Path, study: str, new: list[Record]) -> int:
-    """Merge ``new`` in by key (one equal but for the commit keeps its commit); how many were new or changed."""
-    old = {r.key: r for r in load(results, study)}
-    changed = {r.key: r for r in new if r.key not in old or replace(old[r.key], commit=r.commit) != r}
-    merged = {**old, **changed}
-    (Path(results) / study).mkdir(parents=True, exist_ok=True)
-    replace_file(Path(results) / study / "records.jsonl",
-                 "".join(json.dumps(_line(merged[k])) + "\n" for k in sorted(merged, key=lambda k: tuple(map(str, k)))))
+    """Merge ``new`` in by key (one equal but for the commit keeps its commit); how many were new or changed.
+    Two study runs of one study (two cells side by side) save in turn: the read and the write hold one lock."""
+    folder = Path(results) / study
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_NAME, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        old = {r.key: r for r in load(results, study)}
+        changed = {r.key: r for r in new if r.key not in old or replace(old[r.key], commit=r.commit) != r}
+        merged = {**old, **changed}
+        replace_file(folder / "records.jsonl",
+                     "".join(json.dumps(_line(merged[k])) + "\n" for k in sorted(merged, key=lambda k: tuple(map(str, k)))))
     return len(changed)
 
 

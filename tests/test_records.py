@@ -59,3 +59,25 @@ def test_head_diversity_is_measured_from_a_checkpoint_into_records(tmp_path, tin
     with pytest.raises(SystemExit):
         main([str(tmp_path / "missing"), "--results", str(results)])
     assert "error:" in capsys.readouterr().err and load(results, "diversity") == [record]
+
+
+def _save_one_by_one(results, first: int, count: int) -> None:
+    for seed in range(first, first + count):
+        save(results, "s", [Record(task="lift", policy="bc", attention="full", steps=1, overrides={}, seed=seed,
+                                   condition={}, successes=1, episodes=1)])
+
+
+def test_two_study_runs_saving_side_by_side_lose_no_record(tmp_path):
+    """Two cells of one study run side by side (the evidence queues do): each merges its records into the same file,
+    and neither's read-merge-write may drop the other's lines."""
+    import multiprocessing
+    per_process = 60
+    workers = [multiprocessing.get_context("fork").Process(target=_save_one_by_one, args=(tmp_path, n * per_process, per_process))
+               for n in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert [w.exitcode for w in workers] == [0, 0]
+    assert sorted(r.seed for r in load(tmp_path, "s")) == list(range(2 * per_process))
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [".records.lock", "records.jsonl"]  # no temporary left
