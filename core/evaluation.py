@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.provenance import environment
 from envs.corruptions import obs_corruptor, parse_shifts, shift_tag, split_stages
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
 from policies.checkpoint import load_policy, read_checkpoint_meta, resolve_checkpoint
@@ -276,7 +277,8 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
                    attention=meta["policy_config"]["vit"]["attention"]["kind"], attention_overrides=attn_over,
                    seed_start=seed, image_size=inference.image_size, n_action_steps=policy.config.n_action_steps,
                    corruption=shift_tag(inference.corruption),
-                   corruptions=[[c.kind, c.severity] for c in inference.corruption])
+                   corruptions=[[c.kind, c.severity] for c in inference.corruption],
+                   environment=environment())  # where it ran: the same checkpoint may act otherwise on another CPU
     if out_dir is not None:
         _write_summary(out_dir, summary)
     return summary

@@ -5,6 +5,7 @@
                              run starts writing, after every check has passed)
     run_dir/checkpoints/     step_NNNNNNN/ and last/, each complete or absent (written by rename)
     run_dir/config.json, tb/, eval/
+    run_dir/environment.json where each session trained: CPU, torch's kernels, versions (common/provenance.py)
 
 ``overwrite=true`` deletes only a folder recognised as a run (the marker, or the checkpoints/ +
 config.json of a run written before the marker existed), only the entries a run writes, and only
@@ -21,16 +22,19 @@ import fcntl
 import json
 import os
 import shutil
+import time
 import weakref
 from pathlib import Path
 
+from common.provenance import environment
 from policies.checkpoint import checkpoint_step, clean_stale_writes, newest_checkpoint
 
 from .cli import NOTHING_WRITTEN
-from .preflight import check_output_dir, contents
+from .preflight import check_output_dir, contents, replace_file
 
 RUN_MARKER = ".run"
-RUN_ENTRIES = (RUN_MARKER, "checkpoints", "config.json", "tb", "eval")  # everything a run writes, but .lock
+ENVIRONMENT_FILE = "environment.json"  # where each training session ran (common.provenance), one entry per start
+RUN_ENTRIES = (RUN_MARKER, "checkpoints", "config.json", ENVIRONMENT_FILE, "tb", "eval")  # all a run writes, but .lock
 # Settings that may change when a run is resumed; every other one defines the model or the data.
 RESUMABLE = ("run_dir", "resume", "overwrite", "device", "eval", "train.steps", "train.log_every", "train.val_every",
              "train.checkpoint_every", "train.num_workers", "train.num_threads", "train.compile", "task.env", "task.fps",
@@ -144,6 +148,23 @@ class RunDirectory:
         marker = self.path / RUN_MARKER
         if not marker.exists():
             marker.write_text(json.dumps({"written_by": "train_policy.py", "pid": os.getpid()}) + "\n")
+
+    def record_environment(self, step: int) -> None:
+        """Add where this session trains from ``step`` on (CPU, torch's kernels, library versions) to
+        environment.json: a run resumed on another machine lists both, so weights that differ can be told apart
+        from a changed config. An unreadable file (not written by this package) starts the list anew."""
+        if not self.is_main:
+            return
+        path = self.path / ENVIRONMENT_FILE
+        try:
+            # a link (a run directory from elsewhere) is never followed: it is replaced by this file
+            sessions = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else []
+        except (OSError, ValueError):
+            sessions = []
+        sessions = sessions if isinstance(sessions, list) else []
+        sessions.append({"from_step": step, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         **environment()})
+        replace_file(path, json.dumps(sessions, indent=2) + "\n")
 
     def release(self) -> None:
         if self._lock is not None:

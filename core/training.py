@@ -349,6 +349,7 @@ def loop(r: _Run, loader, logger: _Logger) -> Path:
     cfg_dict = cfg.to_stored()
     if ddp.is_main:
         (r.run.path / "config.json").write_text(json.dumps(cfg_dict, indent=2))
+        r.run.record_environment(state.step)
     batches = iter(loader)
     last = r.run.checkpoints / "last"
     state.policy.train()

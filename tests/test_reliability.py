@@ -131,7 +131,7 @@ def test_read_only_run_dir_parent_is_one_line(tmp_path, tiny_pusht_zarr):
 # --- generate_demos.py overwrite=true replaces only a dataset ------------------------------------------------
 def test_generate_overwrite_replaces_only_a_dataset(tmp_path, tiny_pusht_zarr):
     train(tiny_train_cfg(tmp_path, tiny_pusht_zarr, policy="bc"))
-    with pytest.raises(FileExistsError, match=r"out=.*run is a folder holding .run, checkpoints/, config.json, tb/, not a PushT zarr"):
+    with pytest.raises(FileExistsError, match=r"out=.*run is a folder holding .run, checkpoints/, config.json, environment.json, tb/, not a PushT zarr"):
         generate("pusht", 1, tmp_path / "run", overwrite=True, progress=False)
     assert (tmp_path / "run" / "checkpoints" / "last").is_dir()
     lift_out = _lift_file(tmp_path / "lift.hdf5")

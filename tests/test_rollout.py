@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from core import evaluation, inference, stats
 from core.config import compose
@@ -40,6 +41,8 @@ def test_rollout_cli_writes_summary(tiny_checkpoint, tmp_path, capsys):
     assert written["successes"] == sum(e["success"] for e in written["episodes"]) == summary["successes"]
     assert math.isfinite(written["seconds_per_episode"])
     assert (out / "videos" / "episode_100000.mp4").stat().st_size > 0
+    # where it ran: the same checkpoint can act otherwise on another CPU's kernels
+    assert written["environment"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert f"success {summary['successes']}/1" in capsys.readouterr().out
 
 

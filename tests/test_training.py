@@ -86,6 +86,10 @@ def test_resume_continues_the_step_count(tmp_path, tiny_pusht_zarr, capsys):
     assert state["optimizer"]["state"][0]["step"].item() == 4
     assert (tmp_path / "run" / "checkpoints" / "step_0000002").is_dir()
     assert (tmp_path / "run" / "checkpoints" / "step_0000004").is_dir()
+    # each session says where it trained: from step 0, then from the resumed step 2, on this CPU's torch kernels
+    sessions = json.loads((tmp_path / "run" / "environment.json").read_text())
+    assert [s["from_step"] for s in sessions] == [0, 2]
+    assert {s["torch_cpu_capability"] for s in sessions} == {torch.backends.cpu.get_cpu_capability()}
     # a run already at train.steps has nothing left to do: say so instead of returning silently
     with pytest.raises(ValueError, match=r"already at step 4 and train.steps=4: pass a larger train.steps="):
         train(cfg2)

@@ -254,7 +254,7 @@ def test_a_full_disk_at_the_first_save_is_one_line_and_overwrite_is_the_way_on(t
     with pytest.raises(FileExistsError, match=r"stopped before its first complete checkpoint.*overwrite=true starts it over"):
         train(compose(args))
     with pytest.raises(FileNotFoundError, match=r"nothing to resume; overwrite=true starts it over \(it deletes .run, "
-                                                r"checkpoints, config.json, tb, eval in .* and nothing else\)"):
+                                                r"checkpoints, config.json, environment.json, tb, eval in .* and nothing else\)"):
         train(compose([*args, "resume=true"]))
     assert train(compose([*args, "overwrite=true"])).step == 2
 
