@@ -66,3 +66,10 @@ def environment() -> dict:
         "mujoco_gl": os.environ.get("MUJOCO_GL"),
         "packages": {dist: _version(dist, module) for dist, module in PACKAGES.items()},
     }
+
+
+def machine_tag(env: dict | None) -> str:
+    """One environment as a record names it: the CPU and torch's kernels (``AMD EPYC AVX512``); "" if unknown."""
+    if not isinstance(env, dict):
+        return ""
+    return " ".join(str(env[k]) for k in ("cpu", "torch_cpu_capability") if env.get(k))

@@ -16,7 +16,9 @@ import subprocess
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from common.provenance import machine_tag
 from core.preflight import replace_file
+from core.rundir import ENVIRONMENT_FILE
 from envs.factory import EVAL_SEED_START
 
 # besides core.rundir.RESUMABLE (settings that do not change what a run learns): the seed, and copies of other settings
@@ -27,7 +29,7 @@ PAPERS_SETTING = {"policy.image_aug.brightness": "0.0", "policy.image_aug.contra
 NOT_EXTRA = ("seed", "policy.vit.attention.", "policy.input_shapes.", "policy.action_dim", "policy.crop_size", "policy.name",
              "task.dataset.format")
 LOCK_NAME = ".records.lock"  # beside records.jsonl, held while one process merges its records in (git ignores it)
-OPTIONAL = ("measure", "value", "detail", "provenance")  # written only where set: an evaluation's record has none
+OPTIONAL = ("measure", "value", "detail", "provenance", "machine")  # written only where set
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Record:
     value: float | None = None
     detail: dict | None = None  # e.g. head diversity per layer
     provenance: str = ""  # how a record not written by today's commands was measured
+    machine: str = ""  # where it was trained and evaluated (CPU, torch's kernels): the same seed differs across them
 
     def __post_init__(self):  # frozen: the one place the overrides' order and the condition's form are set
         object.__setattr__(self, "overrides", dict(sorted(self.overrides.items(), key=lambda kv: kv[0].lstrip("+~"))))
@@ -195,6 +198,20 @@ def records_of_training(records: list[Record], cfg: dict, recipe: str) -> list[R
     return [r for r in records if all(getattr(r, k) == v for k, v in named.items())]
 
 
+def _machine(run_dir: Path, summary: dict) -> str:
+    """Where a run trained (each session's CPU and kernels, from environment.json) and where ``summary``'s evaluation
+    ran; "" for runs and evaluations from before they recorded it. A link is not followed."""
+    path = Path(run_dir) / ENVIRONMENT_FILE
+    try:
+        sessions = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else []
+    except (OSError, ValueError):
+        sessions = []
+    trained = list(dict.fromkeys(filter(None, map(machine_tag, sessions if isinstance(sessions, list) else []))))
+    evaluated = machine_tag(summary.get("environment"))
+    return "; ".join(part for part in (trained and "trained on " + ", ".join(trained),
+                                       evaluated and "evaluated on " + evaluated) if part)
+
+
 def run_fields(run_dir: Path, recipe: str) -> dict:
     """What every record of a training run shares: ``training_fields``, then its minutes and the commit."""
     from policies.checkpoint import newest_checkpoint
@@ -215,7 +232,7 @@ def records_of_run(run_dir: Path, recipe: str = "cpu", settings: list[str] | Non
     for path in sorted(p for p in paths if p.exists()):
         s = json.loads(path.read_text())
         record = Record(**common, condition=condition_of(s), successes=int(s["successes"]), episodes=int(s["num_episodes"]),
-                        coverage=s.get("mean_max_coverage"))
+                        coverage=s.get("mean_max_coverage"), machine=_machine(run_dir, s))
         if record.key in out:  # two evaluations of one condition: which one to record is the user's choice
             raise ValueError(f"{out[record.key][0]} and {path.parent} both evaluate {run_dir} under condition "
                              f"{condition_text(record.condition)!r}: move the one not to record out of {run_dir / 'eval'}")

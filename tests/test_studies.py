@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.provenance import environment, machine_tag
 from envs.corruptions import CORRUPTIONS, corrupt
 from studies.__main__ import main as studies_main
 from studies.__main__ import show
@@ -44,6 +45,9 @@ def test_a_study_trains_and_evaluates_each_cell_once_records_it_and_a_failure_st
     summary = json.loads((cell.run_dir / "eval" / "brightness1" / "summary.json").read_text())
     assert summary["corruption"] == "brightness1" and records[0].successes == summary["successes"]
     assert records[0].overrides["train.batch_size"] == "4" and records[0].train_seconds > 0
+    # where it trained and was evaluated, as the run directory and summary.json recorded it
+    here = machine_tag(environment())
+    assert here and {r.machine for r in records} == {f"trained on {here}; evaluated on {here}"}
     # again: nothing is trained or evaluated twice, and the records stay as they were
     model = cell.run_dir / "checkpoints" / "last" / "model.safetensors"
     stamp = model.stat().st_mtime_ns
