@@ -48,6 +48,17 @@ def is_run(path: Path) -> bool:
     return (p / RUN_MARKER).is_file() or ((p / "checkpoints").is_dir() and (p / "config.json").is_file())
 
 
+def read_environment(run_dir) -> list:
+    """The training sessions run_dir/environment.json lists; [] where it is absent, unreadable, not a list, or
+    a symbolic link (a run directory from elsewhere: its link is never followed)."""
+    path = Path(run_dir) / ENVIRONMENT_FILE
+    try:
+        sessions = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else []
+    except (OSError, ValueError):
+        return []
+    return sessions if isinstance(sessions, list) else []
+
+
 def _holds_only_lock(path: Path) -> bool:
     return path.is_dir() and all(c.name == ".lock" for c in path.iterdir())
 
@@ -152,19 +163,13 @@ class RunDirectory:
     def record_environment(self, step: int) -> None:
         """Add where this session trains from ``step`` on (CPU, torch's kernels, library versions) to
         environment.json: a run resumed on another machine lists both, so weights that differ can be told apart
-        from a changed config. An unreadable file (not written by this package) starts the list anew."""
+        from a changed config."""
         if not self.is_main:
             return
-        path = self.path / ENVIRONMENT_FILE
-        try:
-            # a link (a run directory from elsewhere) is never followed: it is replaced by this file
-            sessions = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else []
-        except (OSError, ValueError):
-            sessions = []
-        sessions = sessions if isinstance(sessions, list) else []
+        sessions = read_environment(self.path)  # a link is not followed: this file replaces it
         sessions.append({"from_step": step, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                          **environment()})
-        replace_file(path, json.dumps(sessions, indent=2) + "\n")
+        replace_file(self.path / ENVIRONMENT_FILE, json.dumps(sessions, indent=2) + "\n")
 
     def release(self) -> None:
         if self._lock is not None:

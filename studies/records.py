@@ -18,7 +18,7 @@ from pathlib import Path
 
 from common.provenance import machine_tag
 from core.preflight import replace_file
-from core.rundir import ENVIRONMENT_FILE
+from core.rundir import read_environment
 from envs.factory import EVAL_SEED_START
 
 # besides core.rundir.RESUMABLE (settings that do not change what a run learns): the seed, and copies of other settings
@@ -198,18 +198,16 @@ def records_of_training(records: list[Record], cfg: dict, recipe: str) -> list[R
     return [r for r in records if all(getattr(r, k) == v for k, v in named.items())]
 
 
-def _machine(run_dir: Path, summary: dict) -> str:
-    """Where a run trained (each session's CPU and kernels, from environment.json) and where ``summary``'s evaluation
-    ran; "" for runs and evaluations from before they recorded it. A link is not followed."""
-    path = Path(run_dir) / ENVIRONMENT_FILE
-    try:
-        sessions = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else []
-    except (OSError, ValueError):
-        sessions = []
-    trained = list(dict.fromkeys(filter(None, map(machine_tag, sessions if isinstance(sessions, list) else []))))
+def trained_on(run_dir: Path) -> str:
+    """Where a run trained: each session's CPU and kernels (environment.json), "" for runs from before it was recorded."""
+    tags = list(dict.fromkeys(filter(None, map(machine_tag, read_environment(run_dir)))))
+    return "trained on " + ", ".join(tags) if tags else ""
+
+
+def machine_text(trained: str, summary: dict) -> str:
+    """A record's ``machine``: where the run trained (``trained_on``) and where ``summary``'s evaluation ran."""
     evaluated = machine_tag(summary.get("environment"))
-    return "; ".join(part for part in (trained and "trained on " + ", ".join(trained),
-                                       evaluated and "evaluated on " + evaluated) if part)
+    return "; ".join(filter(None, (trained, evaluated and "evaluated on " + evaluated)))
 
 
 def run_fields(run_dir: Path, recipe: str) -> dict:
@@ -227,12 +225,13 @@ def records_of_run(run_dir: Path, recipe: str = "cpu", settings: list[str] | Non
     """One record per ``eval/*/summary.json`` of a training run directory (``settings``: only these eval folders)."""
     run_dir = Path(run_dir)
     common = run_fields(run_dir, recipe)
+    trained = trained_on(run_dir)  # read once: every evaluation of the run shares it
     out = {}
     paths = [run_dir / "eval" / n / "summary.json" for n in settings] if settings is not None else run_dir.glob("eval/*/summary.json")
     for path in sorted(p for p in paths if p.exists()):
         s = json.loads(path.read_text())
         record = Record(**common, condition=condition_of(s), successes=int(s["successes"]), episodes=int(s["num_episodes"]),
-                        coverage=s.get("mean_max_coverage"), machine=_machine(run_dir, s))
+                        coverage=s.get("mean_max_coverage"), machine=machine_text(trained, s))
         if record.key in out:  # two evaluations of one condition: which one to record is the user's choice
             raise ValueError(f"{out[record.key][0]} and {path.parent} both evaluate {run_dir} under condition "
                              f"{condition_text(record.condition)!r}: move the one not to record out of {run_dir / 'eval'}")
