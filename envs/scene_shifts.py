@@ -138,6 +138,9 @@ def parse_scene_randomization(kinds, max_severity: int, task: str) -> SceneRando
         raise ValueError(f"scene_randomization={kinds!r}: give scene kinds, e.g. scene_randomization=[{','.join(can)}] "
                          "or scene_randomization=all")
     for kind in kinds:
+        if ":" in kind and kind.split(":")[0] in SCENE_KINDS:  # rollout's corruption=kind:severity syntax
+            raise ValueError(f"scene_randomization={kind}: give kinds without a severity, and the highest "
+                             f"severity drawn with scene_randomization_max=N (default {TRAINING_RANGE})")
         if kind not in SCENE_KINDS:
             raise ValueError(f"scene_randomization={kind}: not a scene shift; the {task} task's: {', '.join(can)} "
                              "(or scene_randomization=all)")

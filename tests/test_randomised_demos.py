@@ -105,6 +105,9 @@ def test_the_readers_of_before_load_a_randomised_dataset(pusht_pair, lift_pair):
      "scene_randomization=lighting: the pusht task cannot render a lighting shift; its scene shifts: colour, camera"),
     (["task=lift", "scene_randomization=[fog]"],
      r"scene_randomization=fog: not a scene shift; the lift task's: lighting, colour, camera \(or scene_randomization=all\)"),
+    (["task=lift", "scene_randomization=[camera:2]"],
+     r"scene_randomization=camera:2: give kinds without a severity, and the highest severity drawn with "
+     r"scene_randomization_max=N \(default 2\)"),
     (["task=lift", "scene_randomization=all", "scene_randomization_max=4"],
      r"scene_randomization_max=4: give a severity 1-3 \(default 2\)"),
     (["task=can", "scene_randomization=[colour,colour]"], "scene_randomization: give each kind once"),
