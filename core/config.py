@@ -99,6 +99,9 @@ class TrainConfig:
     num_threads: Optional[int] = None  # torch intra-op threads on CPU (None: torch's default)
     precision: str = "fp32"  # fp32 | bf16 (autocast; for GPUs)
     compile: bool = False  # torch.compile the loss computation
+    # fine-tuning: start from the weights (and normalisation) of this checkpoint or run, with a fresh optimizer
+    # and schedule; the policy must have the same shapes (augmentation and budget may differ)
+    init_from: Optional[str] = None
 
     def __post_init__(self):
         _at_least("train", self, ("steps", "batch_size", "log_every", "val_every", "checkpoint_every",

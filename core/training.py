@@ -27,10 +27,13 @@ from datasets.sampler import SequenceDataset, StepBatchSampler, compute_stats, s
 from policies.base import Policy
 from policies.registry import make_policy
 from policies.checkpoint import (
+    checkpoint_step,
+    load_policy,
     load_training_state,
     load_weights,
     newest_checkpoint,
     read_checkpoint_meta,
+    resolve_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -210,6 +213,25 @@ def restore(state: TrainState, checkpoint: Path, cfg: TrainRunConfig, lr: float,
                   f"learning rate continues from {lr * state.scheduler.lr_lambdas[0](state.step):.3g}")
 
 
+def start_from(state: TrainState, source: str, is_main: bool) -> None:
+    """Fine-tuning: the weights of another run's checkpoint (its evaluation weights, normalisation included) as
+    the start, and the EMA restarted from them; the optimizer, the schedule and the step start fresh."""
+    ckpt = resolve_checkpoint(source)
+    donor = load_policy(ckpt, expected_policy=state.policy.config.name)  # the loader's checks: a checkpoint is data
+    mine, theirs = state.policy.state_dict(), donor.state_dict()
+    differ = sorted(k for k in mine.keys() | theirs.keys() if k not in mine or k not in theirs
+                    or mine[k].shape != theirs[k].shape)
+    if differ:
+        raise ValueError(f"train.init_from={source}: its policy differs from this one in {len(differ)} tensor(s) "
+                         f"({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}): start from a run of the same "
+                         "task, policy, encoder and cameras")
+    state.policy.load_state_dict(theirs)
+    if state.ema is not None:  # the average starts at the loaded weights, not at the random ones
+        state.ema.shadow_params = [p.clone().detach() for p in state.policy.parameters()]
+    if is_main:
+        print(f"fine-tuning from {ckpt} (step {checkpoint_step(ckpt)})")
+
+
 def seed_rank(seed: int, rank: int, resumed: bool, step: int) -> None:
     """The weights are built (or restored): from here each rank draws its own crops and noise."""
     if not resumed:
@@ -384,6 +406,8 @@ def train(cfg: TrainRunConfig) -> TrainResult:
     state.fingerprint = data.fingerprint
     if resume_from is not None:
         restore(state, resume_from, cfg, lr, ddp.is_main)
+    elif cfg.train.init_from is not None:
+        start_from(state, cfg.train.init_from, ddp.is_main)
     seed_rank(cfg.seed, ddp.rank, resume_from is not None, state.step)
     loader = make_loader(data.train_set, per_rank_batch, cfg, ddp, state.step, device)
     r = _Run(cfg, ddp, run, device, state, data, per_rank_batch, t_start)

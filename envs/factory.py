@@ -12,6 +12,8 @@ import threading
 import traceback
 from contextlib import contextmanager
 
+from common.camera_pose import CAMERA_POSE_SUFFIX
+
 TASKS = ("pusht", "lift", "can")
 # Demonstrations use initial-state seeds below this, evaluation seeds start here: they never overlap.
 EVAL_SEED_START = 100_000
@@ -32,10 +34,12 @@ def make_env(task: str, **kwargs):
 CAMERA_SUFFIX = "_image"  # robosuite tasks: the observation key of camera CAM is CAM_image
 
 
-def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = None, scene_shifts=()) -> dict:
+def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = None, scene_shifts=(),
+                         lowdim_keys: list[str] = ()) -> dict:
     """Constructor arguments for the task's environment (a TaskConfig), rendering the cameras
     ``image_keys`` that the policy reads, under ``scene_shifts`` ``[(kind, severity), ...]`` (the scene
-    stage of ``envs.corruptions.parse_shifts``; none: clean, and the arguments of before)."""
+    stage of ``envs.corruptions.parse_shifts``; none: clean, and the arguments of before), and reporting
+    the cameras' poses where the policy reads one among ``lowdim_keys`` (``<camera>_camera``)."""
     kwargs = {"max_episode_steps": task.env.max_episode_steps}
     if task.name in ("lift", "can"):  # robosuite's camera CAM renders the observation key CAM_image
         foreign = [k for k in image_keys if not k.endswith(CAMERA_SUFFIX) or k == CAMERA_SUFFIX.lstrip("_")]
@@ -44,6 +48,8 @@ def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = N
                              f"cameras are <camera>{CAMERA_SUFFIX}, e.g. agentview{CAMERA_SUFFIX}): the checkpoint's task "
                              f"was edited, or the policy was trained on another task")
         kwargs["cameras"] = tuple(k[: -len(CAMERA_SUFFIX)] for k in image_keys)
+        if any(k.endswith(CAMERA_POSE_SUFFIX) for k in lowdim_keys):
+            kwargs["camera_poses"] = True
     if image_size is not None:
         kwargs["image_size"] = image_size
     if scene_shifts:

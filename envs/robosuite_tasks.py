@@ -42,6 +42,8 @@ from robosuite.controllers.composite.composite_controller_factory import (  # no
     refactor_composite_controller_config,
 )
 
+from common.camera_pose import CAMERA_POSE_SUFFIX, POSE_DIM, pose_vector  # noqa: E402
+
 from .corruptions import parse_scene_shifts  # noqa: E402
 from .robosuite_scene import RobosuiteScene  # noqa: E402
 from .scene_shifts import check_one_scene_source, scene_draws, scene_randomization_for  # noqa: E402
@@ -116,6 +118,10 @@ class RobosuiteEnv(gym.Env):
             state is the clean episode's. ``set_scene_shifts`` changes them for the next reset.
         scene_randomization: an ``envs.scene_shifts.SceneRandomization`` (demonstrations): every episode from
             ``reset(seed=...)`` on renders a scene drawn from its seed, each kind at a severity in [0, max];
+        camera_poses: each camera's pose (``common.camera_pose``) beside its image, as ``<camera>_camera``:
+            the pose that rendered the frame, read from the simulator (a calibrated camera).
+        nominal_camera_pose: ``<camera>_camera`` holds the unshifted pose even under a camera shift (a
+            bumped camera nobody recalibrated: the honest worst case of a camera-aware policy).
             the state is the clean episode's. ``set_scene_randomization`` changes it for the next reset.
     """
 
@@ -137,6 +143,8 @@ class RobosuiteEnv(gym.Env):
         seed: int | None = None,
         scene_shifts=(),
         scene_randomization=None,
+        camera_poses: bool = False,
+        nominal_camera_pose: bool = False,
     ):
         super().__init__()
         self.task = _task_name(task)
@@ -164,6 +172,14 @@ class RobosuiteEnv(gym.Env):
         self._steps = 0
         self._last_obs: dict | None = None
         self._needs_reset = True
+        # each camera's pose beside its image (<camera>_camera): the one that rendered the frame, as a calibrated
+        # camera reports it, or (nominal_camera_pose) the unshifted one, as a bumped camera nobody recalibrated does
+        self._asked_poses = bool(camera_poses) or bool(nominal_camera_pose)
+        self.camera_poses = self._asked_poses or self.randomises_camera
+        self._nominal_poses = None
+        if nominal_camera_pose:
+            self._reset_sim(seed, shifted=False)
+            self._nominal_poses = {cam: self._camera_pose(cam) for cam in self.cameras}
         # the low-dim shapes are read off a first observation (clean: a shift is drawn from an episode's seed)
         self._set_spaces(self._reset_sim(seed, shifted=False))
 
@@ -181,6 +197,16 @@ class RobosuiteEnv(gym.Env):
         randomization = scene_randomization_for(randomization, self.task)
         check_one_scene_source(self.scene_shifts, randomization)
         self.scene_randomization = randomization
+        if getattr(self, "_last_obs", None) is not None:  # after construction: the poses follow the randomisation
+            poses = self._asked_poses or self.randomises_camera
+            if poses != self.camera_poses:
+                self.camera_poses = poses
+                self._set_spaces(self._get_obs())
+
+    @property
+    def randomises_camera(self) -> bool:
+        """Demonstrations under drawn camera poses record each frame's pose: the dataset keeps what varied."""
+        return self.scene_randomization is not None and "camera" in self.scene_randomization.kinds
 
     def _check_cameras(self) -> None:
         names = set(self._env.sim.model.camera_names)
@@ -192,6 +218,8 @@ class RobosuiteEnv(gym.Env):
         spaces = {}
         for cam in self.cameras:
             spaces[f"{cam}_image"] = gym.spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8)
+            if self.camera_poses:
+                spaces[f"{cam}{CAMERA_POSE_SUFFIX}"] = gym.spaces.Box(-np.inf, np.inf, (POSE_DIM,), np.float32)
         for key in LOW_DIM_KEYS:
             spaces[key] = gym.spaces.Box(-np.inf, np.inf, obs[key].shape, np.float32)
         self.observation_space = gym.spaces.Dict(spaces)
@@ -295,12 +323,21 @@ class RobosuiteEnv(gym.Env):
         obs = {}
         for cam in self.cameras:
             obs[f"{cam}_image"] = self._render_camera(cam, self.image_size)
+            if self.camera_poses:
+                obs[f"{cam}{CAMERA_POSE_SUFFIX}"] = (self._nominal_poses[cam] if self._nominal_poses is not None
+                                                     else self._camera_pose(cam))
         obs["robot0_eef_pos"] = np.asarray(di["robot0_eef_pos"], dtype=np.float32)
         obs["robot0_eef_quat"] = np.asarray(di["robot0_eef_quat"], dtype=np.float32)
         obs["robot0_gripper_qpos"] = np.asarray(di["robot0_gripper_qpos"], dtype=np.float32)
         obs["object"] = np.asarray(di["object-state"], dtype=np.float32)
         self._last_obs = obs
         return obs
+
+    def _camera_pose(self, camera: str) -> np.ndarray:
+        """(POSE_DIM,) float32: where ``camera`` is now (after any scene shift), read from the simulator's own state."""
+        sim = self._env.sim
+        cam = sim.model.camera_name2id(camera)
+        return pose_vector(sim.data.cam_xpos[cam], sim.data.cam_xmat[cam], sim.model.cam_fovy[cam])
 
     def get_state(self) -> np.ndarray:
         """Flattened MuJoCo state [time, qpos, qvel], as robomimic stores ``states``."""

@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch import nn
 
+from common.camera_pose import POSE_DIM, pose_key
+
 from .normalize import Normalizer
 from .obs_encoder import ImageAugConfig, ObsEncoder
 from .vision.resnet import ResNetConfig
@@ -54,6 +56,12 @@ class PolicyConfig:
     drop_crop_remainder: bool = False
     share_vit: bool = False  # one camera encoder for all cameras, or one each
     image_aug: ImageAugConfig = field(default_factory=ImageAugConfig)
+    # camera-aware input: each camera's pose (its <camera>_camera observation, common/camera_pose.py) drawn as a
+    # per-pixel ray map (Plücker coordinates) that enters the encoder's first layer beside the image
+    ray_maps: bool = False
+    # camera dropout: in training, each camera's features are replaced by a learned "absent" feature with this
+    # probability per sample, so the policy learns to act from the other cameras when one misleads
+    camera_dropout: float = 0.0
     encoder: str = "vit"  # one of ENCODERS
     vit: ViTConfig = field(default_factory=ViTConfig)
     resnet: ResNetConfig = field(default_factory=ResNetConfig)
@@ -86,6 +94,7 @@ class PolicyConfig:
         if self.image_aug.shift >= self.crop_size:
             raise ValueError(f"policy.image_aug.shift ({self.image_aug.shift}) must be smaller than the "
                              f"{self.crop_size}-px crop, or nothing of the image is left in view")
+        self.check_camera_inputs()
         if self.encoder not in ENCODERS:
             raise ValueError(f"policy.encoder={self.encoder!r} is unknown; choose one of {', '.join(ENCODERS)} (encoder=<name>)")
         if self.encoder == "vit":
@@ -96,6 +105,29 @@ class PolicyConfig:
         elif self.vit.attention.kind != "full":
             raise ValueError(f"encoder={self.encoder} has no attention, so attention={self.vit.attention.kind} cannot "
                              f"apply: pass encoder={self.encoder} alone (not policy.encoder=, which keeps the default attention)")
+
+    def check_camera_inputs(self) -> None:
+        """Ray maps need each camera's pose; camera dropout is a probability and needs a camera."""
+        if not 0.0 <= self.camera_dropout < 1.0:
+            raise ValueError(f"policy.camera_dropout must be in [0, 1) (a probability per sample), got {self.camera_dropout}")
+        if self.camera_dropout > 0 and not self.image_keys:
+            raise ValueError("policy.camera_dropout is set but the policy has no camera: drop it, or give the task a camera")
+        if not self.ray_maps:
+            return
+        missing = [pose_key(k) for k in self.image_keys if self.input_shapes.get(pose_key(k)) != [POSE_DIM]]
+        if missing or not self.image_keys:
+            raise ValueError(f"policy.ray_maps=true draws each camera's rays from its pose, but the policy does not read "
+                             f"{', '.join(missing) or 'any camera'}: add +task.input_shapes.{(missing or ['<camera>_camera'])[0]}="
+                             f"[{POSE_DIM}] and train on demonstrations that record camera poses (generate_demos.py "
+                             "scene_randomization=camera)")
+        if self.vit.backbone is not None:
+            raise ValueError(f"policy.ray_maps=true needs the package's own encoders: timm's {self.vit.backbone} reads "
+                             "three channels; drop policy.vit.backbone or policy.ray_maps")
+
+    @property
+    def ray_map_keys(self) -> list[str]:
+        """The pose observations that feed ray maps (not the low-dim vector); none without ray maps."""
+        return [pose_key(k) for k in self.image_keys] if self.ray_maps else []
 
     def check_vit_crop(self) -> None:
         """The ViT's patches must fit the crop."""

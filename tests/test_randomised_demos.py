@@ -94,10 +94,14 @@ def test_the_attributes_say_so_and_are_additional(pusht_pair, lift_pair):
 
 
 def test_the_readers_of_before_load_a_randomised_dataset(pusht_pair, lift_pair):
-    for clean, randomised in (pusht_pair, lift_pair):
+    # the same keys, and on Lift each camera's pose beside its frames (its camera was drawn per episode)
+    poses = {"pusht": set(), "lift": {"agentview_camera", "robot0_eye_in_hand_camera"}}
+    for task, (clean, randomised) in zip(("pusht", "lift"), (pusht_pair, lift_pair)):
         a, b = describe(clean), describe(randomised)
-        assert (b["episodes"], b["keys"]) == (a["episodes"], a["keys"])
-        assert read_dataset(randomised).data.keys() == read_dataset(clean).data.keys()
+        added = {f"obs/{k}" for k in poses[task]} | {f"next_obs/{k}" for k in poses[task]}
+        assert b["episodes"] == a["episodes"] and set(b["keys"]) == set(a["keys"]) | added
+        assert all(b["keys"][k] == a["keys"][k] for k in a["keys"])
+        assert set(read_dataset(randomised).data) == set(read_dataset(clean).data) | poses[task]
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -44,11 +44,14 @@ class ResNet18(nn.Module):
     # robomimic's read-out, shared with the ViTs': it reads self.keypoints and self.log_temperature
     spatial_softmax = ViT.spatial_softmax
 
-    def __init__(self, cfg: ResNetConfig):
+    def __init__(self, cfg: ResNetConfig, in_chans: int = 3):
         super().__init__()
         self.cfg = cfg
         # torchvision builds the norms through norm_layer (and initialises GroupNorm as BatchNorm)
         trunk = resnet18(weights=None, norm_layer=group_norm)
+        if in_chans != trunk.conv1.in_channels:  # the stem reads a ray map's channels beside the image's
+            stem = trunk.conv1
+            trunk.conv1 = nn.Conv2d(in_chans, stem.out_channels, stem.kernel_size, stem.stride, stem.padding, bias=False)
         self.trunk = nn.Sequential(*list(trunk.children())[:-2])  # without avgpool and fc: (B, 512, h, w)
         # a linear map of each position's channels is the 1x1 convolution to K keypoint logits
         self.keypoints = nn.Linear(TRUNK_CHANNELS, cfg.num_keypoints)

@@ -23,6 +23,7 @@ POOLS = ("cls", "mean", "spatial_softmax")
 INPUT_NORMS = ("fixed", "per_image")
 # per_image: a floor on the std, not an added eps: exact for any contrast, finite for a flat image
 PER_IMAGE_MIN_STD = 1e-3
+RGB = 3  # the image's channels; any after them (a ray map) are not an image's and are not normalised as one
 INIT_STD = 0.02  # truncated-normal init of the linear layers, CLS token and position embedding (timm's ViT)
 SINCOS_BASE = 10000  # the sin-cos embedding's frequency base (the Transformer's)
 
@@ -166,12 +167,16 @@ class ViT(nn.Module):
         return pe.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], -1)  # (1, P, dim)
 
     def normalize_input(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) in [0, 1] -> the patch embedding's input."""
+        """(B, C, H, W), the first three an image in [0, 1] -> the patch embedding's input."""
+        rays = images[:, RGB:]  # (B, C - 3, H, W): a ray map's channels (none without one) enter as they are
+        images = images[:, :RGB]  # (B, 3, H, W)
         if self.cfg.input_norm == "per_image":
-            mean = images.mean(dim=(-2, -1), keepdim=True)  # (B, C, 1, 1)
-            std = images.std(dim=(-2, -1), keepdim=True)  # (B, C, 1, 1)
-            return (images - mean) / std.clamp_min(PER_IMAGE_MIN_STD)
-        return images * 2.0 - 1.0
+            mean = images.mean(dim=(-2, -1), keepdim=True)  # (B, 3, 1, 1)
+            std = images.std(dim=(-2, -1), keepdim=True)  # (B, 3, 1, 1)
+            images = (images - mean) / std.clamp_min(PER_IMAGE_MIN_STD)
+        else:
+            images = images * 2.0 - 1.0
+        return torch.cat([images, rays], dim=1) if rays.shape[1] else images
 
     def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """images (B, C, H, W) in [0, 1] -> the first block's input (B, prefix + P, dim) and the patch grid."""
