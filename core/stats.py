@@ -13,11 +13,16 @@ from dataclasses import dataclass
 import numpy as np
 
 Z_95 = 1.96  # the standard normal's two-sided 95% quantile
+N_BOOT = 10000  # bootstrap draws per interval and p-value
 ALPHA = 0.05  # the 95% intervals' level, and the family-wise level of the Holm correction
 # a difference of success rates whose whole 95% interval lies within +-5 points reads "equivalent": smaller
 # than a practitioner would choose an encoder by (and about the resolution of 3 seeds x 50 episodes)
 EQUIVALENCE_MARGIN = 0.05
+# two policies that both fail are no evidence that their encoders are equivalent: "equivalent" needs both success
+# rates' 95% intervals wholly above this floor, and both intervals wholly below it read "both fail"
+EQUIVALENCE_FLOOR = 0.10
 UNRESOLVED = "not resolved at this scale"
+BOTH_FAIL = "both fail"
 
 
 def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
@@ -38,7 +43,10 @@ class Estimate:
     hi: float
     seeds: int
     episodes: int  # in all
-    p: float = 1.0  # a difference's two-sided bootstrap p-value: twice the share of draws on the far side of 0
+    p: float | None = None  # a difference's two-sided bootstrap p-value: twice the share of draws on the far side of 0
+    # a difference's p-value for equivalence within EQUIVALENCE_MARGIN: twice the larger share of draws beyond one
+    # side of the margin (below 0.05 exactly when the 95% interval lies within it), for Holm's correction
+    p_equivalent: float | None = None
 
     def fmt(self) -> str:
         return f"{100 * self.mean:.0f}% [{100 * self.lo:.0f}, {100 * self.hi:.0f}]"
@@ -57,7 +65,7 @@ def _draws(per_seed: list[np.ndarray], n_boot: int, rng: np.random.Generator) ->
     return np.take_along_axis(rates, seeds, axis=1).mean(axis=1)
 
 
-def bootstrap_rate(per_seed: list[np.ndarray], n_boot: int = 10000, seed: int = 0) -> Estimate:
+def bootstrap_rate(per_seed: list[np.ndarray], n_boot: int = N_BOOT, seed: int = 0) -> Estimate:
     """per_seed[i]: 0/1 outcomes of the episodes of training seed i."""
     rng = np.random.default_rng(seed)
     draws = _draws(per_seed, n_boot, rng)
@@ -66,17 +74,18 @@ def bootstrap_rate(per_seed: list[np.ndarray], n_boot: int = 10000, seed: int = 
     return Estimate(mean, float(lo), float(hi), len(per_seed), int(sum(len(o) for o in per_seed)))
 
 
-def bootstrap_difference(a: list[np.ndarray], b: list[np.ndarray], n_boot: int = 10000, seed: int = 0) -> Estimate:
+def bootstrap_difference(a: list[np.ndarray], b: list[np.ndarray], n_boot: int = N_BOOT, seed: int = 0) -> Estimate:
     """Mean rate of method ``a`` minus that of ``b``, with a 95% interval (both resampled independently)."""
     rng = np.random.default_rng(seed)
     draws = _draws(a, n_boot, rng) - _draws(b, n_boot, rng)
     lo, hi = np.percentile(draws, [2.5, 97.5])
     mean = float(np.mean([np.mean(o) for o in a]) - np.mean([np.mean(o) for o in b]))
     p = min(1.0, 2 * float(min(np.mean(draws <= 0), np.mean(draws >= 0))))  # a draw of exactly 0 counts on both sides
-    return Estimate(mean, float(lo), float(hi), min(len(a), len(b)), int(sum(map(len, a)) + sum(map(len, b))), p)
+    p_eq = min(1.0, 2 * float(max(np.mean(draws <= -EQUIVALENCE_MARGIN), np.mean(draws >= EQUIVALENCE_MARGIN))))
+    return Estimate(mean, float(lo), float(hi), min(len(a), len(b)), int(sum(map(len, a)) + sum(map(len, b))), p, p_eq)
 
 
-def paired_difference(a, b, n_boot: int = 10000, seed: int = 0) -> Estimate:
+def paired_difference(a, b, n_boot: int = N_BOOT, seed: int = 0) -> Estimate:
     """Mean of ``a - b`` over pairs (episode i of both runs starts from the same initial state), with a
     95% interval from a bootstrap over the pairs: the pairing removes the initial states' own variance."""
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
@@ -87,13 +96,22 @@ def paired_difference(a, b, n_boot: int = 10000, seed: int = 0) -> Estimate:
     return Estimate(float(d.mean()), float(lo), float(hi), 1, int(d.size))
 
 
-def verdict(diff: Estimate, claim_sign: int = 1, margin: float | None = None) -> str:
-    """'supported' / 'contradicted': the interval excludes 0 on the claimed / the other side; else, with a
-    ``margin``, 'equivalent within ±N points' when the whole interval lies within it; else 'not resolved at this scale'."""
+def equivalent_text(margin: float = EQUIVALENCE_MARGIN) -> str:
+    return f"equivalent within ±{100 * margin:.0f} points"
+
+
+def verdict(diff: Estimate, claim_sign: int = 1, margin: float | None = None,
+            rates: tuple[Estimate, Estimate] | None = None, floor: float = EQUIVALENCE_FLOOR) -> str:
+    """'supported' / 'contradicted': the interval excludes 0 on the claimed / the other side. Else, given both
+    sides' ``rates``: 'both fail' when both intervals lie below ``floor``; with a ``margin``, 'equivalent within
+    ±N points' when the whole interval lies within it and (given ``rates``) both intervals lie above ``floor``.
+    Else 'not resolved at this scale'."""
     if claim_sign * diff.lo > 0 or claim_sign * diff.hi < 0:
         return "supported" if claim_sign * diff.mean > 0 else "contradicted"
-    if margin is not None and -margin <= diff.lo and diff.hi <= margin:
-        return f"equivalent within ±{100 * margin:.0f} points"
+    if rates and all(r.hi < floor for r in rates):
+        return BOTH_FAIL
+    if margin is not None and -margin <= diff.lo and diff.hi <= margin and (not rates or all(r.lo > floor for r in rates)):
+        return equivalent_text(margin)
     return UNRESOLVED
 
 

@@ -105,7 +105,7 @@ def scene(task: str) -> list[Setting]:
 
 
 SCENE_JITTER = jittered(SCENE)
-# the field's default encoder under item 1's evaluation of the recipe (four pixel corruptions) and the scene shifts,
+# the field's default encoder under the recipe's evaluation (four pixel corruptions) and the scene shifts,
 # in the papers' setting and with recipe=cpu's jitter
 PIXEL = [*CORRUPTED, Setting("gaussian noise 2", {"corruption": [["gaussian_noise", 2]]}), Setting("blur 2", {"corruption": [["blur", 2]]})]
 EVERY_SHIFT = [*CLEAN, *PIXEL, *SCENE]
@@ -197,7 +197,7 @@ FIXES = {"per-image": Fix("per-image input", PER_IMAGE, (FULL, FIB)),
                            task="can", policy="bc", base=AUGMENT, base_label=SCENE_FIX["base_label"]),
          "colour-pusht": Fix("hue/saturation jitter", COLOUR, (FULL, FIB), study="pusht_scene_training", also=("pusht",),
                              task="pusht", policy="diffusion")}
-# issue 46's rule for adopting a training fix into a task's recipe, on the means over seeds: clean success within
+# the rule for adopting a training fix into a task's recipe, on the means over seeds: clean success within
 # ADOPT_CLEAN_MARGIN of the same encoder's recipe, and at least ADOPT_SHIFT_FLOOR under every scene shift the task
 # renders (``scene(task)``: severity 2, inside the training range of randomised demonstrations), each on VERDICT_SEEDS seeds
 ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR = 0.02, 0.90
@@ -216,3 +216,40 @@ README_ROWS = [(label, arm, study, "robustness", *LIFT) for label, arm, study in
     ("Fibottention, photometric augmentation (`recipe=cpu`'s jitter)", with_overrides(FIB, AUGMENT), "robustness"),
     ("full attention, photometric augmentation", with_overrides(FULL, AUGMENT), "robustness"),
     ("LookHere-90 (the recipe's), photometric augmentation", with_overrides(LOOKHERE, AUGMENT), "robustness"))]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A row of the README's recipe table: a task and policy as ``recipe=cpu`` trains them, and the cells that measured it."""
+    task: str
+    policy: str
+    label: str  # the policy column's text
+    pieces: str  # what the recipe sets, and in which files under configs/recipe/
+    studies: tuple[str, ...]  # whose records hold its cells (pooled, a cell counted once)
+    arms: tuple[Arm, ...]  # its encoders, in the column's order
+    pick: bool = False  # a row of "Which to pick": the recommended recipe of its task, measured under the shifts
+
+
+DIFFUSION = {"policy.down_dims": "[32,64,128]", "policy.prediction_type": "sample"}  # the cells of before policy/cpu/diffusion
+LOOKHERE_RECIPE = {"attention.global_slope": "0.25", "attention.rotate_directions": "true", "policy.vit.patch_size": "12",
+                   "policy.vit.pool": "spatial_softmax", "+task.input_shapes.robot0_eye_in_hand_image": "[3,84,84]"}
+ENCODERS = (FULL, FIB, LOOKHERE)
+RECIPES = [
+    Recipe("lift", "bc", "bc", "agentview camera uncropped (`task/cpu/lift`), 4000 steps (`pair/cpu/lift_bc`); LookHere adds the wrist "
+           "camera, 12-px patches, keypoints, rotated directions, slope 0.25 (`attention/cpu/lift_bc_lookhere`)",
+           ("robustness", "scene_training", "encoders"), tuple(with_overrides(a, AUGMENT) for a in ENCODERS), pick=True),
+    Recipe("lift", "bc", "bc, `encoder=resnet18`", "as Lift BC, ResNet-18 in place of the ViT (`configs/encoder/resnet18.yaml`)",
+           ("encoders",), (with_overrides(RESNET, AUGMENT),)),
+    Recipe("lift", "diffusion", "diffusion", "as BC, x0 prediction, U-Net 32-64-128 (`policy/cpu/diffusion`), 5000 steps "
+           "(`pair/cpu/lift_diffusion`, `attention/cpu/lift_diffusion_lookhere`)", ("main",),
+           (with_overrides(FULL, DIFFUSION), with_overrides(FIB, DIFFUSION), with_overrides(LOOKHERE, {**DIFFUSION, **LOOKHERE_RECIPE}))),
+    Recipe("can", "bc", "bc", "both cameras uncropped, 12-px patches, keypoints, 15000 steps (`task/cpu/can`, `preset/keypoint_vit`)",
+           ("can_recipe",), tuple(with_overrides(a, AUGMENT) for a in ENCODERS), pick=True),
+    Recipe("pusht", "diffusion", "diffusion", "1000 demonstrations, whole 96-px frame, 12-px patches, x0, U-Net 32-64-128, keypoints, "
+           "15000 steps, no jitter (`task/cpu/pusht`, `policy/cpu/diffusion`)", ("pusht",), ENCODERS, pick=True),
+    Recipe("pusht", "bc", "bc", "PushT diffusion's observation settings (`task/cpu/pusht`); no working recipe yet", ("main",), (FIB,)),
+    Recipe("lift", "bc_rnn", "bc_rnn", "Lift BC's observation settings, two steps of low-dim history, LSTM 2×400, GMM 5 modes, "
+           "sequences of 10, batch 16, 3000 steps (`policy/cpu/bc_rnn`, `pair/cpu/lift_bc_rnn`)", ("main",), (FIB,)),
+    Recipe("can, pusht", "bc_rnn", "bc_rnn (and Can diffusion)", "the matching BC observation settings (`task/cpu/can`, "
+           "`task/cpu/pusht`, `policy/cpu/bc_rnn`, `policy/cpu/diffusion`)", (), (FIB,)),
+]

@@ -1,35 +1,24 @@
-"""The one report: every study's table and the claims table, from the committed records.
-
-    python -m studies.claims [--results results]
-
-Writes ``results/<study>/table.md`` for every ``records.jsonl`` (rows pooled over seeds, each compared
-with full attention: ``baseline_row``), the claims table between the markers of ``results/claims.md``
-(the prose around it is written by hand), ``results/claims.json`` and the README's tables (evidence, verdict
-per task) beside ``results/``. The claims are rows of data (``studies/evidence.py``); one loop (``measure``) looks
-up each row's records and compares them. It reads records only: the same files on every machine, and a second
-run changes nothing. Verdicts: ``core.stats.verdict``; Holm's correction over each claim's rows.
+"""The one loop: each claim row's records looked up and compared, and the other tables' rows (fixes, adoption,
+the seed lottery), as numbers. ``studies.pages`` renders them; ``python -m studies.claims`` writes them.
+The claims are rows of data (``studies/evidence.py``); ``measure`` looks up one row's records and compares them.
+Verdicts: ``core.stats.verdict``; Holm's correction over each claim's measured rows.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import re
-import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from core.preflight import replace_file
-from core.stats import (ALPHA, EQUIVALENCE_MARGIN, UNRESOLVED, Estimate, bootstrap_difference, bootstrap_rate, holm, verdict,
-                        wilson_interval)
+from core.stats import (BOTH_FAIL, EQUIVALENCE_MARGIN, UNRESOLVED, Estimate, bootstrap_difference,
+                        bootstrap_rate, equivalent_text, holm, verdict, wilson_interval)
 from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY,
-                              README_CONDITIONS, README_ROWS, SCENE_FIXES, TASKS, VERDICT_SEEDS, Arm, Claim, scene, with_overrides)
-from studies.figures import adoption_figure
-from studies.records import Record, condition_text, load, overrides_text
+                              SCENE_FIXES, TASKS, VERDICT_SEEDS, Arm, Claim, scene, with_overrides)
+from studies.records import Record, condition_text, load
 
-BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 SCALE = {"success": (100, 0), "coverage": (1, 3), "head_diversity": (1, 3)}  # a measure's display: factor, decimals
-NOT_MEASURED = {"effect": "not measured yet", "verdict": "—"}
+NOT_MEASURED, NOT_MEASURED_TEXT = "—", "not measured yet"
 ROUNDING = 1e-9  # float error of a difference of means of k/n rates, far below one episode
 SIDES = {"supported": "better than full attention", "contradicted": "worse than full attention"}  # a baseline claims nothing
 
@@ -56,11 +45,6 @@ def pct(d: Estimate, sign=True, measure="success") -> str:
     return f"{f.format(scale * d.mean)} [{f.format(scale * d.lo)}, {f.format(scale * d.hi)}]"
 
 
-def interval(e: Estimate) -> list[float]:
-    """claims.json's form of an estimate in the adoption rows: [mean, low, high]."""
-    return [e.mean, e.lo, e.hi]
-
-
 def value_text(recs: list[Record]) -> str:
     """Mean [95% CI] over seeds, then each seed's value (k/n for one seed's episodes)."""
     m = recs[0].measure
@@ -69,32 +53,6 @@ def value_text(recs: list[Record]) -> str:
         return f"{est} ({', '.join(f'{v:.3f}' for v in values)})"
     per_seed = "/".join(f"{100 * v:.0f}" for v in values) if len(recs) > 1 else f"{recs[0].successes}/{recs[0].episodes}"
     return f"{est.replace(' [', '% [', 1)} ({per_seed})"
-
-
-def table_row(row: tuple, recs: list[Record], rows: dict) -> list:
-    r0, base = recs[0], rows.get(baseline_row(recs[0]))
-    diff = pct(bootstrap_difference(outcomes(recs), outcomes(base)), measure=r0.measure) if base and baseline_row(r0) != row else ""
-    cov = f"{sum(r.coverage * r.episodes for r in recs) / sum(r.episodes for r in recs):.3f}" if None not in [r.coverage for r in recs] else ""
-    secs = [r.train_seconds for r in recs if r.train_seconds]
-    return [r0.task, r0.policy, r0.attention, r0.steps, overrides_text(r0.overrides), condition_text(r0.condition), len(recs),
-            value_text(recs), diff, cov, f"{np.mean(secs) / 60:.1f}" if secs else ""]
-
-
-def study_table(study: str, records: list[Record]) -> str:
-    rows = rows_of(records)
-    body = sorted((table_row(r, rows[r], rows) for r in rows), key=lambda t: (*map(str, t[:5]), t[5] != "clean", t[5]))
-    what, noun, intro, unit = ("success", "evaluations", SUCCESS_INTRO, " (points)") if all(r.measure == "success" for r in records) \
-        else ("value", "measurements", VALUE_INTRO, "")
-    return (f"# {study}\n\nWritten by `python -m studies.claims` from [records.jsonl](records.jsonl) ({len(records)} {noun}). "
-            f"{intro} Difference: to full attention's row{unit.replace(' (', ', in ').rstrip(')')} (docs/studies.md).\n\n" + markdown(
-                ["task", "policy", "attention", "steps", "extra overrides", "condition", "seeds", f"{what} [95% CI] (per seed)",
-                 f"− full{unit} [95% CI]", "mean max coverage", "train minutes / seed"], body) + "\n")
-
-
-SUCCESS_INTRO = ("Success: mean over seeds of each seed's rate, 95% interval from a bootstrap over seeds, then episodes; per-seed "
-                 "rates in brackets (k/n for one seed).")
-VALUE_INTRO = ("Value: one per training seed (head diversity: 1 − mean pairwise CKA of the heads' outputs), mean over seeds, "
-               "95% interval from a bootstrap over seeds; per-seed values in brackets.")
 
 
 def pick(records: list[Record], task: str, policy: str, arm: Arm, condition: dict, measure: str, steps=None) -> list[Record] | None:
@@ -112,27 +70,37 @@ def pair(records, task, policy, arm: Arm, condition: dict, baseline: Arm, measur
 
 
 def compare(a: list[Record], b: list[Record], claim_sign: int = 1, side_only: bool = False) -> dict:
-    """Mean of ``a`` minus mean of ``b``, with interval, p-value, seeds and verdict."""
+    """Mean of ``a`` minus mean of ``b`` as numbers (each side's estimate, the difference with its p-values), and the verdict."""
     m = a[0].measure
-    d = bootstrap_difference(outcomes(a), outcomes(b))
-    v = verdict(d, claim_sign, EQUIVALENCE_MARGIN if m == "success" else None)
+    d, sides = bootstrap_difference(outcomes(a), outcomes(b)), (bootstrap_rate(outcomes(a)), bootstrap_rate(outcomes(b)))
+    v = verdict(d, claim_sign, EQUIVALENCE_MARGIN, sides) if m == "success" else verdict(d, claim_sign)
     v = SIDES.get(v, v) if side_only else v
     seeds = min(len(a), len(b))
-    return {"effect": pct(d, measure=m) + " points" * (m == "success"), "rates": rates(a, b), "seeds": f"{len(a)} vs {len(b)}",
-            "n_seeds": [len(a), len(b)], "diff": d.mean, "ci95": [d.lo, d.hi], "p": d.p, "kind": v,
+    return {"measure": m, "arm": sides[0], "baseline": sides[1], "per_seed": [float(o.mean()) for o in outcomes(a)],
+            "difference": d, "n_seeds": [len(a), len(b)], "kind": v,
             "verdict": v if seeds >= VERDICT_SEEDS or v == UNRESOLVED else
             f"{v} on {seeds} seed{'s' * (seeds > 1)} (fewer than {VERDICT_SEEDS})"}
 
 
-def effect_against(a: list[Record], b: list[Record]) -> str:
-    """``a`` minus ``b`` in points, naming ``b``'s seeds where it has fewer than a verdict needs (``a``'s are in their own column)."""
-    return compare(a, b)["effect"] + f" (against {len(b)} seed{'s' * (len(b) > 1)})" * (len(b) < VERDICT_SEEDS)
+def effect_text(row: dict) -> str:
+    """A compared row's difference as the tables print it, or that it is not measured yet."""
+    if "difference" not in row:
+        return NOT_MEASURED_TEXT
+    return pct(row["difference"], measure=row["measure"]) + " points" * (row["measure"] == "success")
 
 
-def rates(a: list[Record], b: list[Record]) -> str:
-    if a[0].measure == "success":
-        return f"{bootstrap_rate(outcomes(a)).fmt()} vs {bootstrap_rate(outcomes(b)).fmt()}"
-    return f"{np.mean([o.mean() for o in outcomes(a)]):.3f} (per seed {', '.join(f'{o.mean():.3f}' for o in outcomes(a))})"
+def rates_text(row: dict) -> str:
+    if "arm" not in row:
+        return ""
+    if row["measure"] == "success":
+        return f"{row['arm'].fmt()} vs {row['baseline'].fmt()}"
+    return f"{row['arm'].mean:.3f} (per seed {', '.join(f'{v:.3f}' for v in row['per_seed'])})"
+
+
+def effect_against(a: list[Record], b: list[Record]) -> dict:
+    """``a`` minus ``b`` (an ``Estimate``, its ``seeds`` those of ``b``: a table names them where fewer than a verdict needs)."""
+    d = bootstrap_difference(outcomes(a), outcomes(b))
+    return replace(d, seeds=len(b))
 
 
 def pooled(records: dict[str, list[Record]], studies) -> list[Record]:
@@ -149,23 +117,31 @@ def measure(c: Claim, records: dict[str, list[Record]]) -> dict:
     """The one loop's body: a claim row's records, compared."""
     a, b = pair(pooled(records, (c.study, *c.also)), c.task, c.policy, c.arm, c.condition, c.baseline, c.measure)
     return {"claim": c.claim, "measurement": f"{c.task} {c.policy}, {c.where}, {c.arm.label} − {c.baseline.label}", "task": c.task,
-            "counts": not (c.side_only or c.arm.authors), **(compare(a, b, c.sign, c.side_only) if a and b else NOT_MEASURED)}
+            "study": c.study, "counts": not (c.side_only or c.arm.authors),
+            **(compare(a, b, c.sign, c.side_only) if a and b else {"verdict": NOT_MEASURED})}
+
+
+def tested_p(row: dict) -> float:
+    """The p-value of the test behind a row's verdict: equivalence's where it reads equivalent, else the difference's."""
+    return row["difference"].p_equivalent if row["kind"] == equivalent_text() else row["difference"].p
 
 
 def claims(records: dict[str, list[Record]]) -> list[dict]:
-    """Every claim row measured; rows that would not survive Holm's correction over their claim's measured rows marked."""
+    """Every claim row measured; a resolved or equivalent verdict that would not survive Holm's correction over its
+    claim's measured rows marked ‡."""
     rows = [measure(c, records) for c in CLAIMS]
     for claim in dict.fromkeys(r["claim"] for r in rows):
-        family = [r for r in rows if r["claim"] == claim and "p" in r]
-        for r, kept in zip(family, holm([r["p"] for r in family])):
+        family = [r for r in rows if r["claim"] == claim and "difference" in r]
+        for r, kept in zip(family, holm([tested_p(r) for r in family])):
             r["holm_significant"] = kept
-            if r["kind"] in (*SIDES, *SIDES.values()) and not kept:
+            if r["kind"] in (*SIDES, *SIDES.values(), equivalent_text()) and not kept:
                 r["verdict"] += f" ‡ (not after Holm over {len(family)})"
     return rows
 
 
 def task_verdicts(rows: list[dict]) -> dict[str, list[tuple[str, str]]]:
-    """Per claim, each task's (verdict, its row counts) over its rows of VERDICT_SEEDS+ seeds (the authors' settings † and baselines aside)."""
+    """Per claim, each task's (verdict, its row counts) over its rows of VERDICT_SEEDS+ seeds (the authors' settings † and
+    baselines aside); rows where both sides fail are counted beside the verdict."""
     out = {}
     for claim in dict.fromkeys(r["claim"] for r in rows if r["counts"]):
         out[claim] = []
@@ -174,7 +150,8 @@ def task_verdicts(rows: list[dict]) -> dict[str, list[tuple[str, str]]]:
             found = [{UNRESOLVED: "not resolved"}.get(r["kind"], r["kind"]) for r in mine if min(r["n_seeds"]) >= VERDICT_SEEDS]
             kind = ("mixed" if "contradicted" in found else "supported") if "supported" in found else "contradicted" if \
                 "contradicted" in found else found[0] if len(set(found)) == 1 else "not resolved" if found else FEW if mine else "not measured"
-            out[claim].append((kind, f" ({found.count(kind)} of {len(mine)} rows)" if found else f" ({len(mine)} rows)" if mine else ""))
+            failing = f"; both fail in {found.count(BOTH_FAIL)}" * (kind != BOTH_FAIL and BOTH_FAIL in found)
+            out[claim].append((kind, f" ({found.count(kind)} of {len(mine)} rows{failing})" if found else f" ({len(mine)} rows)" if mine else ""))
     return out
 
 
@@ -182,28 +159,36 @@ def task_counts(verdicts: dict[str, list[tuple[str, str]]]) -> list[list[str]]:
     """claims.md's table: each task's verdict with its row counts, and on how many tasks each verdict holds."""
     out = []
     for claim, per_task in verdicts.items():
-        kinds = dict.fromkeys(["supported", "contradicted", "not resolved", FEW, "not measured", "mixed", *(k for k, _ in per_task)])
+        kinds = dict.fromkeys(["supported", "contradicted", "not resolved", BOTH_FAIL, FEW, "not measured", "mixed",
+                               *(k for k, _ in per_task)])
         count = {k: sum(kind == k for kind, _ in per_task) for k in kinds}
         out.append([claim, *(kind + n for kind, n in per_task),
                     ", ".join(f"{k} on {n}" for k, n in count.items() if n) + f" of {len(TASKS)} tasks"])
     return out
 
 
-def lottery(records: dict[str, list[Record]]) -> list[list]:
+def lottery(records: dict[str, list[Record]]) -> list[dict]:
     """How many training seeds of each encoder collapse under each condition (the papers' setting), Wilson interval."""
     out = []
     for study, task, policy, arm, condition in LOTTERY:
         if recs := sorted(pick(records.get(study, []), task, policy, arm, condition, "success") or [], key=lambda r: r.seed):
             k = sum(r.successes / r.episodes < COLLAPSE for r in recs)
-            low, high = wilson_interval(k, len(recs))
-            out.append([arm.label, condition_text(condition, " "), f"{k} of {len(recs)}", f"[{100 * low:.0f}, {100 * high:.0f}]%",
-                        " ".join(f"s{r.seed} {100 * r.successes / r.episodes:.0f}" for r in recs)])
+            out.append({"encoder": arm.label, "condition": condition_text(condition, " "), "collapsed": k, "seeds": len(recs),
+                        "wilson": list(wilson_interval(k, len(recs))), "per_seed": {r.seed: r.successes / r.episodes for r in recs}})
     return out
+
+
+def lottery_table(rows: list[dict]) -> list[list]:
+    return [[r["encoder"], r["condition"], f"{r['collapsed']} of {r['seeds']}", f"[{100 * r['wilson'][0]:.0f}, {100 * r['wilson'][1]:.0f}]%",
+             " ".join(f"s{s} {100 * v:.0f}" for s, v in r["per_seed"].items())] for r in rows]
+
+
+FIX_AGAINST = ("full attention", "itself without", "full attention, with the fix")  # a fix table's three differences
 
 
 def fix_table(records: dict[str, list[Record]], fix) -> list[dict]:
     """A training-side fix per encoder and condition, against full attention on the recipe's input, the encoder
-    itself without the fix, and full attention with the fix (each "—" where it is the row itself)."""
+    itself without the fix, and full attention with the fix (each None where it is the row itself or not measured)."""
     records, out = pooled(records, (fix.study, *fix.also)), []
     conditions = sorted({json.dumps(r.condition): r.condition for r in records}.values(), key=lambda c: (c != {}, condition_text(c)))
     for arm, c in ((with_overrides(a, fix.base), c) for a in fix.encoders for c in conditions):
@@ -211,17 +196,21 @@ def fix_table(records: dict[str, list[Record]], fix) -> list[dict]:
         if not (row := pick(records, fix.task, fix.policy, fixed, c, "success")):
             continue
         full = with_overrides(FULL, fix.base)
-        against = {"full attention": full, "itself without": arm if arm != full else None,
-                   "full attention, with the fix": with_overrides(full, fix.overrides) if arm != full else None}
+        against = dict(zip(FIX_AGAINST, (full, arm if arm != full else None, with_overrides(full, fix.overrides) if arm != full else None)))
         bases = {k: b and pair(records, fix.task, fix.policy, fixed, c, b)[1] for k, b in against.items()}
         out.append({"encoder": arm.label, "condition": condition_text(c, " "), "seeds": len(row),
-                    "success": bootstrap_rate(outcomes(row)).fmt(),
-                    **{k: effect_against(row, base) if base else "—" for k, base in bases.items()}})
+                    "success": bootstrap_rate(outcomes(row)), **{k: effect_against(row, base) if base else None for k, base in bases.items()}})
     return out
 
 
+def fix_rows(rows: list[dict]) -> list[list]:
+    """A fix table as text: each difference in points, naming the other side's seeds where fewer than a verdict needs."""
+    text = lambda d: "—" if d is None else pct(d) + " points" + f" (against {d.seeds} seed{'s' * (d.seeds > 1)})" * (d.seeds < VERDICT_SEEDS)
+    return [[r["encoder"], r["condition"], r["seeds"], r["success"].fmt(), *(text(r[k]) for k in FIX_AGAINST)] for r in rows]
+
+
 def adoption(records: dict[str, list[Record]]) -> list[dict]:
-    """Issue 46's rule per scene fix and encoder: does it keep the recipe's clean success and hold every scene shift?
+    """The adoption rule per scene fix and encoder: does it keep the recipe's clean success and hold every scene shift?
     Each row carries the fix's and the recipe's success per condition (``Estimate`` or None) for the table and the figure."""
     out = []
     for fix in (FIXES[name] for name in SCENE_FIXES):
@@ -264,34 +253,8 @@ def adoption_table(rows: list[dict]) -> tuple[list[list], list[str]]:
             for r in rows], shifts
 
 
-def readme_table(records: dict[str, list[Record]]) -> list[list[str]]:
-    """Mean success per README row and condition, and its difference to full attention (seed counts other than VERDICT_SEEDS named)."""
-    out = []
-    for label, arm, clean_study, shifted_study, task, policy in README_ROWS:
-        cells = []
-        for c in README_CONDITIONS:
-            row, base = pair(records.get(clean_study if c == {} else shifted_study, []), task, policy, arm, c, FULL)
-            rate, seeds = row and f"{100 * bootstrap_rate(outcomes(row)).mean:.0f}%", row and (f"{len(row)} seeds" * (len(row) != VERDICT_SEEDS))
-            diff = row and base and arm != FULL and pct(bootstrap_difference(outcomes(row), outcomes(base))).replace("-", "−")
-            cells.append("—" if not row else f"{rate} ({diff}{'; ' * bool(seeds)}{seeds})" if diff else
-                         rate + f" ({seeds})" * bool(seeds))
-        out.append([label, *cells])
-    return out
-
-
 def markdown(header: list[str], rows: list[list]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
-
-
-def write(md: Path, text: str, begin: str = BEGIN, end: str = END, append: bool = True) -> None:
-    """Put ``text`` between the markers of ``md``; where they are absent, append them (``append``) or
-    say where the table would go (the optional tables sit where the prose of claims.md places them)."""
-    old, block = md.read_text() if md.exists() else "", f"{begin}\n{text}\n{end}"
-    if begin not in old and not append:
-        print(f"note: {md} has no {begin} ... {end} markers; put them where this table belongs and rerun")
-        return
-    replace_file(md, re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, old, flags=re.S) if begin in old
-                 else old + ("\n" if old else "") + block + "\n")
 
 
 def load_all(results: Path) -> dict[str, list[Record]]:
@@ -301,61 +264,3 @@ def load_all(results: Path) -> dict[str, list[Record]]:
     return {study: load(results, study) for study in sorted({*STUDIES, *(p.parent.name for p in results.glob("*/records.jsonl"))})}
 
 
-def report(results: Path) -> list[dict]:
-    records = load_all(results)
-    for study, recs in records.items():
-        if recs:
-            replace_file(results / study / "table.md", study_table(study, recs))
-        print(f"{study}: {len(recs)} records -> {results / study / 'table.md'}" if recs else
-              f"{study}: nothing evaluated yet (no records in {results / study / 'records.jsonl'}); no table written")
-    rows = claims(records)
-    measured = sum("p" in r for r in rows)
-    text = markdown(["claim (paper)", "measurement", "value, mean [95% CI] (success, or head diversity)", "effect [95% CI]",
-                     "seeds", "verdict"], [[r["claim"], r["measurement"], r.get("rates", ""), r["effect"], r.get("seeds", ""),
-                                            r["verdict"]] for r in rows]) + (
-        f"\n\nThe table makes {measured} comparisons. Equivalent: the whole 95% interval within ±{100 * EQUIVALENCE_MARGIN:.0f} "
-        f"points (`EQUIVALENCE_MARGIN = {EQUIVALENCE_MARGIN}`, core/stats.py). ‡: the interval excludes 0, but the difference is "
-        f"not significant after Holm's correction over the measured rows of its claim (family-wise {ALPHA}; p-value: twice the "
-        "share of bootstrap draws on the far side of 0).")
-    write(results / "claims.md", text)  # the † note on the authors' code follows the markers, by hand
-    tables = {name: ([f"encoder, {fix.label}", "condition", "seeds", "success, mean [95% CI]", f"− full attention ({fix.base_label})",
-                      "− itself without it", f"− full attention with {fix.label}"], fix_table(records, fix)) for name, fix in FIXES.items()}
-    rule = adoption(records)
-    body, shifts = adoption_table(rule)
-    tables["adoption"] = (["task", "training fix", "encoder", "seeds", "clean, mean [95% CI]", "clean − the recipe's (points)",
-                           *(f"{name}, mean [95% CI]" for name in shifts), "the rule"], body)
-    if rule:
-        adoption_figure(rule, results / "scene_training" / "adoption.png")
-    verdicts = task_verdicts(rows)
-    tables["tasks"] = (["claim (paper)", *TASKS, "on the three tasks"], task_counts(verdicts))
-    tables["lottery"] = (["encoder (papers' setting)", "condition", f"seeds under {COLLAPSE:.0%}", "95% Wilson interval",
-                          "per-seed success"], lottery(records))
-    for name, (header, body) in tables.items():  # each between its markers, where the prose of claims.md places it
-        if body:
-            write(results / "claims.md", markdown(header, [list(r.values()) if isinstance(r, dict) else r for r in body]),
-                  f"<!-- {name}:begin -->", f"<!-- {name}:end -->", append=False)
-    replace_file(results / "claims.json", json.dumps({"comparisons": measured, "equivalence_margin": EQUIVALENCE_MARGIN, "rows": rows,
-                                                      **{k.replace("-", "_"): body for k, (_, body) in tables.items()},
-                                                      "adoption": rule}, indent=2, default=interval) + "\n")
-    if (readme := results.parent / "README.md").exists():  # the repository's README, beside results/
-        write(readme, markdown(["encoder", "clean", "brightness +0.1", "contrast ×0.5"], readme_table(records)),
-              "<!-- evidence:begin -->", "<!-- evidence:end -->", append=False)
-        write(readme, markdown(["claim (paper)", *TASKS], [[c, *(k for k, _ in per_task)] for c, per_task in verdicts.items()]),
-              "<!-- tasks:begin -->", "<!-- tasks:end -->", append=False)
-    print(text)
-    return rows
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m studies.claims", description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="results")
-    args = parser.parse_args(argv)
-    try:
-        return report(Path(args.results))
-    except ValueError as exc:  # a damaged records file: which one, which line
-        print(f"python -m studies.claims: error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Claims as rows of data: a new condition, task or claim is a row, measured by the one loop."""
 
-import studies.claims
+import studies.measure
 from studies.catalog import STUDIES
 from studies.evidence import CLAIMS, FIB, TASKS, Claim, Setting, grid
 from studies.records import Record, save
@@ -13,6 +13,11 @@ def test_every_claim_row_names_a_study_a_task_and_its_rows_stand_together():
     assert {c.measure for c in CLAIMS} == {"success", "head_diversity"}
 
 
+def pts(estimate) -> int:
+    """An estimate's mean in points, as the tables round it."""
+    return round(100 * estimate.mean)
+
+
 def _seeds(attention, condition, successes, episodes=100, seeds=3):
     return [Record("lift", "bc", attention, 4000, {}, s, condition, successes, episodes) for s in range(seeds)]
 
@@ -23,20 +28,27 @@ def test_a_new_condition_is_a_row_and_reads_equivalent_or_holm_marked(tmp_path, 
                                   *_seeds("full", noise, 90), *_seeds("fibottention", noise, 82)])
     rows = grid("More robust to corruptions (Fibottention)", [("robustness", "lift", "bc")], [FIB],
                 [Setting("clean"), Setting("gaussian noise 2", noise)])
-    monkeypatch.setattr(studies.claims, "CLAIMS", rows)
-    clean, noisy = studies.claims.claims(studies.claims.load_all(tmp_path))
+    monkeypatch.setattr(studies.measure, "CLAIMS", rows)
+    clean, noisy = studies.measure.claims(studies.measure.load_all(tmp_path))
     assert clean["measurement"] == "lift bc, clean, Fibottention − full" and clean["verdict"] == "equivalent within ±5 points"
-    assert clean["effect"].startswith("-1 [") and clean["ci95"][0] >= -0.05 and clean["ci95"][1] <= 0.05
-    # 82% against 90%: the interval excludes 0, but with two rows of the claim Holm holds its p-value to 0.025
-    assert noisy["kind"] == "contradicted" and noisy["ci95"][1] < 0 and 0.025 < noisy["p"] < 0.05
+    assert studies.measure.effect_text(clean).startswith("-1 [") and -0.05 <= clean["difference"].lo < clean["difference"].hi <= 0.05
+    # 82% against 90%: the interval excludes 0 (0.025 < p < 0.05). The equivalence's own p (under 0.025) passes first
+    # in Holm's order, so the difference is then held to 0.05 and kept
+    assert noisy["kind"] == "contradicted" and noisy["difference"].hi < 0 and 0.025 < noisy["difference"].p < 0.05
+    assert clean["difference"].p_equivalent < 0.025 and clean["holm_significant"] and noisy["holm_significant"]
+    assert noisy["verdict"] == "contradicted"
+    # with a clean row that is not resolved (95% against 98%: its p is large), the same difference is held to 0.025 and marked
+    save(tmp_path, "robustness", [*_seeds("fibottention", {}, 95)])
+    clean, noisy = studies.measure.claims(studies.measure.load_all(tmp_path))
+    assert clean["kind"] == "not resolved at this scale" and clean["difference"].p > 0.05
     assert noisy["verdict"] == "contradicted ‡ (not after Holm over 2)" and noisy["holm_significant"] is False
 
 
 def test_a_row_without_records_says_so_and_a_claim_about_a_new_task_is_data(tmp_path, monkeypatch):
     row = Claim("Better task success (Fibottention)", "can", "can", "bc", FIB, "clean")
-    monkeypatch.setattr(studies.claims, "CLAIMS", [row])
-    assert studies.claims.claims(studies.claims.load_all(tmp_path))[0] | {} == {"claim": row.claim, "measurement": "can bc, clean, Fibottention − full",
-                                                      "task": "can", "counts": True, "effect": "not measured yet", "verdict": "—"}
+    monkeypatch.setattr(studies.measure, "CLAIMS", [row])
+    assert studies.measure.claims(studies.measure.load_all(tmp_path))[0] | {} == {"claim": row.claim, "measurement": "can bc, clean, Fibottention − full",
+                                                      "task": "can", "study": "can", "counts": True, "verdict": "—"}
 
 
 def test_a_fix_on_top_of_the_recipe_is_compared_with_the_recipe_not_the_papers_setting(tmp_path):
@@ -50,12 +62,12 @@ def test_a_fix_on_top_of_the_recipe_is_compared_with_the_recipe_not_the_papers_s
     save(tmp_path, "scene_training", [*cell("full", {}, 3),  # the papers' setting: must not be the baseline here
                                       *cell("full", AUGMENT, 12), *cell("full", {**AUGMENT, **SHIFT}, 27),
                                       *cell("fibottention", AUGMENT, 6), *cell("fibottention", {**AUGMENT, **SHIFT}, 21)])
-    full, fib = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["shift"])
+    full, fib = studies.measure.fix_table(studies.measure.load_all(tmp_path), FIXES["shift"])
     assert (full["encoder"], full["condition"], full["seeds"]) == ("full", "camera 2", 3)
-    assert full["success"].startswith("90% [") and full["full attention"].startswith("+50 [")  # 90% against the recipe's 40%
-    assert full["itself without"] == full["full attention, with the fix"] == "—"
-    assert fib["full attention"].startswith("+30 [") and fib["itself without"].startswith("+50 [")  # 70% vs 40%, vs its own 20%
-    assert fib["full attention, with the fix"].startswith("-20 [")
+    assert pts(full["success"]) == 90 and pts(full["full attention"]) == 50  # 90% against the recipe's 40%
+    assert full["itself without"] is full["full attention, with the fix"] is None
+    assert pts(fib["full attention"]) == 30 and pts(fib["itself without"]) == 50  # 70% vs 40%, vs its own 20%
+    assert pts(fib["full attention, with the fix"]) == -20
 
 
 def test_the_resnet_baseline_is_its_own_arm_beside_full_attention_of_the_same_study(tmp_path):
@@ -63,10 +75,10 @@ def test_the_resnet_baseline_is_its_own_arm_beside_full_attention_of_the_same_st
 
     resnet = [Record("lift", "bc", "full", 4000, {"policy.encoder": "resnet18"}, s, {}, 40, 50) for s in range(3)]
     save(tmp_path, "encoders", [*resnet, *_seeds("full", {}, 49, episodes=50)])
-    rows = [studies.claims.measure(c, studies.claims.load_all(tmp_path)) for c in CLAIMS if c.arm == RESNET and c.where == "clean"]
+    rows = [studies.measure.measure(c, studies.measure.load_all(tmp_path)) for c in CLAIMS if c.arm == RESNET and c.where == "clean"]
     # 80% against 98%: the ResNet's records are not full attention's, though both say attention=full
     assert len(rows) == 1 and rows[0]["measurement"] == "lift bc, clean, ResNet-18 − full"
-    assert rows[0]["effect"].startswith("-18 [") and rows[0]["verdict"] == "worse than full attention"
+    assert pts(rows[0]["difference"]) == -18 and rows[0]["verdict"] == "worse than full attention"
 
 
 def test_the_recipe_on_another_task_is_compared_with_that_tasks_papers_setting_study(tmp_path):
@@ -78,13 +90,13 @@ def test_the_recipe_on_another_task_is_compared_with_that_tasks_papers_setting_s
     save(tmp_path, "pusht", cell("pusht", "diffusion", "full", {}, 32))  # the papers' setting, its own study
     save(tmp_path, "pusht_recipe", [*cell("pusht", "diffusion", "full", AUGMENT, 22),
                                     *cell("pusht", "diffusion", "full", AUGMENT, 20, {"corruption": [["camera", 2]]})])
-    full, full_camera = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-pusht"])
-    assert (full["encoder"], full["condition"]) == ("full", "clean") and full["full attention"].startswith("-20 [")  # 44% vs 64%
-    assert full_camera["condition"] == "camera 2" and full_camera["full attention"] == "—"  # no camera cell without the jitter
+    full, full_camera = studies.measure.fix_table(studies.measure.load_all(tmp_path), FIXES["augment-pusht"])
+    assert (full["encoder"], full["condition"]) == ("full", "clean") and pts(full["full attention"]) == -20  # 44% vs 64%
+    assert full_camera["condition"] == "camera 2" and full_camera["full attention"] is None  # no camera cell without the jitter
     save(tmp_path, "can", [*cell("can", "bc", "full", {}, 32), *cell("can", "bc", "fibottention", {}, 30)])
     save(tmp_path, "can_recipe", [*cell("can", "bc", "full", AUGMENT, 22), *cell("can", "bc", "fibottention", AUGMENT, 25)])
-    fib = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-can"])[1]
-    assert fib["itself without"].startswith("-10 [") and fib["full attention, with the fix"].startswith("+6 [")  # 50% vs 60%, vs 44%
+    fib = studies.measure.fix_table(studies.measure.load_all(tmp_path), FIXES["augment-can"])[1]
+    assert pts(fib["itself without"]) == -10 and pts(fib["full attention, with the fix"]) == 6  # 50% vs 60%, vs 44%
 
 
 def test_hue_saturation_on_can_and_pusht_is_compared_with_each_tasks_recipe(tmp_path):
@@ -102,14 +114,14 @@ def test_hue_saturation_on_can_and_pusht_is_compared_with_each_tasks_recipe(tmp_
     save(tmp_path, "can", cell("can", "bc", "full", {}, 10))  # the papers' setting: must not be Can's baseline
     save(tmp_path, "can_recipe", cell("can", "bc", "full", AUGMENT, 40))
     save(tmp_path, "can_scene_training", cell("can", "bc", "full", {**AUGMENT, **COLOUR}, 45))
-    (can,) = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["colour-can"])
-    assert can["full attention"].startswith("+10 [")  # 90% vs 80%, not vs 20%
+    (can,) = studies.measure.fix_table(studies.measure.load_all(tmp_path), FIXES["colour-can"])
+    assert pts(can["full attention"]) == 10  # 90% vs 80%, not vs 20%
     save(tmp_path, "pusht", [*cell("pusht", "diffusion", "full", {}, 30), *cell("pusht", "diffusion", "full", AUGMENT, 5)])
     save(tmp_path, "pusht_scene_training", [*cell("pusht", "diffusion", "full", COLOUR, 35),
                                             *cell("pusht", "diffusion", "fibottention", COLOUR, 25)])
-    full, fib = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["colour-pusht"])
-    assert full["full attention"].startswith("+10 [") and fib["full attention, with the fix"].startswith("-20 [")
-    assert fib["itself without"] == "—"  # no Fibottention cell in the papers' setting here
+    full, fib = studies.measure.fix_table(studies.measure.load_all(tmp_path), FIXES["colour-pusht"])
+    assert pts(full["full attention"]) == 10 and pts(fib["full attention, with the fix"]) == -20
+    assert fib["itself without"] is None  # no Fibottention cell in the papers' setting here
 
 
 def test_a_fix_row_against_fewer_seeds_names_the_baselines_seeds(tmp_path):
@@ -120,11 +132,14 @@ def test_a_fix_row_against_fewer_seeds_names_the_baselines_seeds(tmp_path):
                                                 for s in range(seeds) for condition in ({}, camera)]
     save(tmp_path, "pusht", cell({}, 15, 1))  # one papers'-setting seed retrained so far
     save(tmp_path, "pusht_recipe", cell(AUGMENT, 24, 3))
-    clean, shifted = studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-pusht"])
-    assert clean["full attention"].startswith("+30 [") and clean["full attention"].endswith(" points (against 1 seed)")
-    assert shifted["condition"] == "camera 2" and shifted["full attention"].endswith(" points (against 1 seed)")
+    clean, shifted = studies.measure.fix_table(studies.measure.load_all(tmp_path), FIXES["augment-pusht"])
+    assert pts(clean["full attention"]) == 30 and clean["full attention"].seeds == 1
+    text = studies.measure.fix_rows([clean, shifted])
+    assert text[0][4].startswith("+30 [") and text[0][4].endswith(" points (against 1 seed)")
+    assert shifted["condition"] == "camera 2" and text[1][4].endswith(" points (against 1 seed)")
     save(tmp_path, "pusht", cell({}, 15, 3))
-    assert studies.claims.fix_table(studies.claims.load_all(tmp_path), FIXES["augment-pusht"])[1]["full attention"].endswith(" points")
+    again = studies.measure.fix_table(studies.measure.load_all(tmp_path), FIXES["augment-pusht"])
+    assert studies.measure.fix_rows(again)[1][4].endswith(" points")
 
 
 def test_pushts_recipe_rows_are_its_papers_setting_study_and_cans_are_jittered():
@@ -156,9 +171,9 @@ def test_a_resnet_row_takes_full_attention_from_the_studies_that_hold_its_cells_
     save(tmp_path, "encoders", resnet)
     save(tmp_path, "robustness", full)
     save(tmp_path, "scene_training", full)
-    row = next(studies.claims.measure(c, studies.claims.load_all(tmp_path)) for c in CLAIMS
+    row = next(studies.measure.measure(c, studies.measure.load_all(tmp_path)) for c in CLAIMS
                if c.arm.label == RESNET.label and c.where == "clean (recipe=cpu's jitter)")
-    assert row["seeds"] == "1 vs 3" and row["effect"].startswith("+20 [")  # 100% against 80%, three seeds, not six
+    assert row["n_seeds"] == [1, 3] and pts(row["difference"]) == 20  # 100% against 80%, three seeds, not six
 
 
 def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_scene_shift(tmp_path):
@@ -179,7 +194,7 @@ def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_s
                                       *cell("fibottention", {**AUGMENT, **SHIFT}, 45, (29, 29, 29)),  # 90% clean: -10 points
                                       *cell("full", {**AUGMENT, **wrist}, 50, (30, 30, 30), seeds=1),
                                       *cell("fibottention", {**AUGMENT, **COLOUR}, 50, (30, 30), conditions=shifts[:2])])
-    rows = studies.claims.adoption(studies.claims.load_all(tmp_path))
+    rows = studies.measure.adoption(studies.measure.load_all(tmp_path))
     verdicts = {(r["fix"], r["encoder"]): r["verdict"] for r in rows}
     assert verdicts == {("random shift", "full"): "holds",
                         ("random shift", "Fibottention"): "does not hold: clean -10 points",
@@ -188,7 +203,7 @@ def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_s
                         ("wrist camera", "full"): "1 seed (fewer than 3)"}
     shift = next(r for r in rows if r["fix"] == "random shift" and r["encoder"] == "full")
     assert shift["success"]["recipe"]["camera 2"].mean == 13 / 30 and shift["success"]["fix"]["clean"].mean == 48 / 50
-    table, names = studies.claims.adoption_table(rows)
+    table, names = studies.measure.adoption_table(rows)
     assert names == ["lighting 2", "colour 2", "camera 2"] and table[0][4].startswith("96% [") and table[0][5] == "-2"
     adoption_figure(rows, tmp_path / "a.png")
     adoption_figure(rows, tmp_path / "b.png")  # a rerun writes the same bytes (no version stamp)
