@@ -15,6 +15,7 @@ nothing heavy for that reason.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
@@ -24,6 +25,13 @@ import sys
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError, PermissionError)
 INTERRUPTED_EXIT = 130  # the shell's status for a command ended by SIGINT
 NOTHING_WRITTEN = "interrupted; nothing was written"  # the last line of a command stopped before it wrote a file
+# a write the filesystem refuses (full disk, quota, a name too long, a read-only mount): the user's to fix, one line
+WRITE_ERRNOS = {errno.ENOSPC: "free space or choose another folder", errno.EDQUOT: "free space or choose another folder",
+                errno.ENAMETOOLONG: "choose a shorter name", errno.EROFS: "choose a writable folder"}
+
+
+def is_write_error(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS
 
 
 class Interrupted(KeyboardInterrupt):
@@ -55,6 +63,9 @@ def _message(exc: BaseException) -> str:
         return f"{exc.full_key}= is required"
     if isinstance(exc, PermissionError) and exc.filename:
         return f"cannot write {exc.filename} (permission denied); make it writable or choose another path"
+    if is_write_error(exc):
+        where = f"{exc.filename}: " if exc.filename and str(exc.filename) not in str(exc.strerror) else ""
+        return f"{where}{exc.strerror or exc}; {WRITE_ERRNOS[exc.errno]} (what finished before it is kept)"
     return " ".join(str(exc).split("\n"))
 
 
@@ -81,8 +92,9 @@ def run_command(prog: str, fn, cfg):
         _close_progress_bars()
         print(f"{prog}: {str(exc) if isinstance(exc, Interrupted) else NOTHING_WRITTEN}", file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT) from None
-    except (*USER_ERRORS, MissingMandatoryValue) as exc:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+    except (*USER_ERRORS, MissingMandatoryValue, OSError) as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or (isinstance(exc, OSError) and not isinstance(exc, USER_ERRORS)
+                                                         and not is_write_error(exc)):
             raise
         _close_progress_bars()
         message = _message(exc)

@@ -3,12 +3,53 @@ evaluation, so two evaluations that differ in any option never share (or overwri
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from envs.corruptions import shift_tag
 from policies.checkpoint import checkpoint_step
 
 from .config import RolloutConfig
+from .preflight import check_output_dir
+from .rundir import is_run, run_path
+
+NAME_MAX = 255  # the longest folder name most filesystems take, where the filesystem does not say
+
+
+def run_of(checkpoint) -> Path:
+    """The folder an evaluation of ``checkpoint`` writes its eval/ in: the run of a checkpoint inside one
+    (<run>/checkpoints/<tag>), else the folder beside a standalone checkpoint; never the checkpoint itself,
+    which a resume replaces."""
+    ckpt = Path(checkpoint)
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+
+
+def check_eval_dir(out_dir, checkpoint) -> None:
+    """Before any episode: ``out_dir`` can be written, is not inside a checkpoint folder (a resume replaces
+    ``last`` and would take the evaluation with it), has no folder name the filesystem refuses, and, inside a
+    run, reaches no symbolic link. One line each."""
+    out = Path(out_dir)
+    check_output_dir(out, "out_dir")
+    for folder in (out, *out.parents):
+        if (folder / "model.safetensors").exists() or folder.name == "checkpoints" and is_run(folder.parent):
+            raise ValueError(f"out_dir={out} is inside the checkpoint folder {folder}: a resumed training replaces "
+                             f"it and the evaluation would go with it; write under {run_of(checkpoint) / 'eval'}")
+    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    longest = max(out.parts, key=len)
+    limit = _name_max(existing)
+    if len(longest.encode()) > limit:
+        raise ValueError(f"out_dir={out} has a folder name of {len(longest.encode())} bytes ({longest[:40]}...); the "
+                         f"filesystem takes at most {limit}: give a shorter out_dir=")
+    run = next((p for p in out.parents if is_run(p)), None)
+    if run is not None:
+        run_path(run, str(out.relative_to(run)))
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return NAME_MAX
 
 
 def default_out_dir(checkpoint: Path, seed: int, options: dict) -> Path:
@@ -18,7 +59,7 @@ def default_out_dir(checkpoint: Path, seed: int, options: dict) -> Path:
     checkpoint directory into eval/ beside it.
     """
     ckpt = Path(checkpoint)
-    root = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    root = run_of(ckpt)
     tag = ckpt.name
     step = checkpoint_step(ckpt) if tag == "last" else None
     if step is not None:  # "last" moves on when a run resumes; its step does not

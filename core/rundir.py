@@ -41,6 +41,28 @@ RESUMABLE = ("run_dir", "resume", "overwrite", "device", "eval", "train.steps", 
              "policy.drop_crop_remainder")  # the last: an acknowledgement, not a setting of the model
 
 
+class RunPathError(ValueError):
+    """A path inside a run directory that is a symbolic link or leaves the run: one line in every CLI."""
+
+
+def run_path(run_dir, *parts: str) -> Path:
+    """``run_dir / parts``, checked part by part: a run directory may come from elsewhere (a copy, an archive),
+    so a symbolic link inside it, a ``..`` or an absolute part is refused, never followed, whether the package
+    would read the path or write it (a linked ``.lock`` or ``config.json`` would truncate a file elsewhere).
+    The run directory itself is the user's choice and may be a link."""
+    root = Path(run_dir)
+    path = root
+    for part in (p for text in parts for p in Path(text).parts):
+        if part in ("..", ".") or Path(part).is_absolute():
+            raise RunPathError(f"{part!r} in {Path(*parts)} leads outside run {root}: every path of a run stays inside it")
+        path = path / part
+        if path.is_symlink():
+            raise RunPathError(f"{path} is a symbolic link (to {os.readlink(path)}) inside run {root}; the package never "
+                               f"follows a link inside a run: replace the link with the file or folder itself, or "
+                               f"choose another run")
+    return path
+
+
 def is_run(path: Path) -> bool:
     """Whether ``path`` holds a run of this package: the marker, or (a run from before the marker)
     a checkpoints/ folder beside a config.json."""
@@ -91,10 +113,12 @@ class RunDirectory:
         if not self.is_main:
             return None
         check_output_dir(self.path, "run_dir")
+        for name in (".lock", *RUN_ENTRIES):  # a copied run's links are refused before anything opens them
+            run_path(self.path, name)
         made_dir, made_lock = not self.path.exists(), not (self.path / ".lock").exists()
         self.path.mkdir(parents=True, exist_ok=True)
         weakref.finalize(self, _drop_unused, self.path, made_dir, made_lock, self._started)
-        self._lock = open(self.path / ".lock", "a+")
+        self._lock = open(run_path(self.path, ".lock"), "a+")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -2,14 +2,17 @@
 
     python -m studies add STUDY RUN_DIR [RUN_DIR ...] [--recipe cpu]
 
-``add`` reads a run's ``config.json`` and every ``eval/*/summary.json`` that ``rollout.py`` wrote into
-it, so any plain ``train_policy.py`` + ``rollout.py`` run becomes records, as the study runner's do. Overrides
+``add`` reads a run's ``config.json`` (what was trained) and every ``eval/*/summary.json`` that ``rollout.py``
+wrote into it (what was evaluated: the checkpoint's step, the episode cap and the evaluation's identity come
+from the summary, never from the config), so any plain ``train_policy.py`` + ``rollout.py`` run becomes
+records, as the study runner's do. A record set holding one evaluation twice is refused, never counted twice. Overrides
 and condition are mappings, never words to parse; lines of older code are read through ``upgrade``.
 A record replaces one of the same key (the same training, measured again under the same condition).
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import re
 import subprocess
@@ -18,7 +21,7 @@ from pathlib import Path
 
 from common.provenance import machine_tag
 from core.preflight import replace_file
-from core.rundir import read_environment
+from core.rundir import read_environment, run_path
 from envs.factory import EVAL_SEED_START
 
 # besides core.rundir.RESUMABLE (settings that do not change what a run learns): the seed, and copies of other settings
@@ -29,7 +32,8 @@ PAPERS_SETTING = {"policy.image_aug.brightness": "0.0", "policy.image_aug.contra
 NOT_EXTRA = ("seed", "policy.vit.attention.", "policy.input_shapes.", "policy.action_dim", "policy.crop_size", "policy.name",
              "task.dataset.format")
 LOCK_NAME = ".records.lock"  # beside records.jsonl, held while one process merges its records in (git ignores it)
-OPTIONAL = ("measure", "value", "detail", "provenance", "machine")  # written only where set
+OPTIONAL = ("measure", "value", "detail", "provenance", "machine", "max_steps", "evaluation")  # written only where set
+EVALUATION_ID_CHARS = 16  # of the sha256 of an evaluation's identity: what tells two records of one evaluation apart
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,15 @@ class Record:
     detail: dict | None = None  # e.g. head diversity per layer
     provenance: str = ""  # how a record not written by today's commands was measured
     machine: str = ""  # where it was trained and evaluated (CPU, torch's kernels): the same seed differs across them
+    max_steps: int | None = None  # the episode cap the evaluation ran under (older records: not recorded)
+    evaluation: str = ""  # the evaluation's identity, hashed (core.eval_identity): one evaluation, one record
 
     def __post_init__(self):  # frozen: the one place the overrides' order and the condition's form are set
+        for name in ("successes", "episodes", "steps", "seed"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) or getattr(self, name) < 0:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not a count")
+        if self.successes > self.episodes:
+            raise ValueError(f"{self.successes} successes of {self.episodes} episodes")
         object.__setattr__(self, "overrides", dict(sorted(self.overrides.items(), key=lambda kv: kv[0].lstrip("+~"))))
         object.__setattr__(self, "condition", json.loads(json.dumps(self.condition, sort_keys=True)))
 
@@ -113,15 +124,23 @@ def upgrade(line: dict) -> dict:
 
 
 def load(results: Path, study: str) -> list[Record]:
-    """The study's records; a line that is not one ends in one line naming the file and the line."""
+    """The study's records; a line that is not one, or one that repeats another line's measurement (the same
+    key, or the same evaluation), ends in one line naming the file and the lines."""
     path = Path(results) / study / "records.jsonl"
-    out = []
+    out, seen = [], {}
     for n, line in enumerate(path.read_text().splitlines() if path.exists() else [], 1):
         try:
-            out += [Record(**upgrade(json.loads(line)))] if line.strip() else []
+            record = Record(**upgrade(json.loads(line))) if line.strip() else None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"{path} line {n} is not a record ({' '.join(str(exc).split())[:120]}): "
                              f"restore it from version control or delete that line") from None
+        for same in filter(None, (record and ("key", record.key), record and record.evaluation and ("evaluation", record.evaluation))):
+            if same in seen:
+                what = "the same evaluation" if same[0] == "evaluation" else "the same training under the same condition"
+                raise ValueError(f"{path} lines {seen[same]} and {n} record {what} twice; it would be counted twice: "
+                                 f"delete one of the two lines")
+            seen[same] = n
+        out += [record] if record else []
     return out
 
 
@@ -180,10 +199,25 @@ def condition_of(summary: dict) -> dict:
     return {**condition, **({"corruption": [list(c) for c in corruption]} if corruption else {})}
 
 
+RUN_CONFIG_KEYS = ("task", "policy", "attention", "train", "seed")  # what a record names its training by
+
+
 def run_config(run_dir: Path) -> dict:
-    if not (Path(run_dir) / "config.json").exists():
+    """A run's config.json, read as input from elsewhere: a link, a file that is not JSON or one that lacks
+    what a record needs ends in one line naming the file."""
+    path = run_path(run_dir, "config.json")
+    if not path.is_file():
         raise FileNotFoundError(f"{run_dir} holds no config.json: give the run_dir= of a train_policy.py run")
-    return json.loads((Path(run_dir) / "config.json").read_text())
+    try:
+        cfg = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{path} is not JSON ({' '.join(str(exc).split())[:80]}): it is not a run's config as "
+                         f"train_policy.py wrote it; restore it or train the run again") from None
+    missing = [k for k in RUN_CONFIG_KEYS if not isinstance(cfg, dict) or k not in cfg]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}: it is not a run's config as train_policy.py wrote it; "
+                         f"restore it or train the run again")
+    return cfg
 
 
 def training_fields(cfg: dict, recipe: str) -> dict:
@@ -211,27 +245,58 @@ def machine_text(trained: str, summary: dict) -> str:
 
 
 def run_fields(run_dir: Path, recipe: str) -> dict:
-    """What every record of a training run shares: ``training_fields``, then its minutes and the commit."""
+    """What every record of a training run shares: ``training_fields`` (but ``steps``, which each evaluation
+    names: ``evaluation_fields``), then its minutes and the commit."""
     from policies.checkpoint import newest_checkpoint
 
-    last = newest_checkpoint(Path(run_dir) / "checkpoints")
+    last = newest_checkpoint(run_path(run_dir, "checkpoints"))
     state = json.loads((last / "training_state.json").read_text())["__dict__"] if last else {}
     return dict(**training_fields(run_config(run_dir), recipe),
                 train_seconds=state.get("train_seconds"), commit=subprocess.run(  # the code that recorded it
                     ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip())
 
 
+def evaluation_fields(summary: dict, path: Path, run_cfg: dict) -> dict:
+    """What a record takes from the evaluation itself: the checkpoint step it rolled out, its episode cap and its
+    identity, hashed. A summary that is not a finished evaluation with an identity, or one of another task or
+    policy than the run's, is refused in one line naming it."""
+    from core.eval_identity import NotComparable, complete_identity
+
+    try:
+        ident = complete_identity(summary, path)
+    except NotComparable as exc:
+        raise ValueError(f"{exc}: evaluate it again (python rollout.py checkpoint=RUN_DIR out_dir={path.parent} "
+                         f"overwrite=true) before recording it") from None
+    theirs, ours = (ident["task"], ident["policy"]), (run_cfg["task"]["name"], run_cfg["policy"]["name"])
+    if theirs != ours or not isinstance(ident["checkpoint_step"], int):
+        raise ValueError(f"{path} evaluates a {' '.join(theirs)} checkpoint at step {ident['checkpoint_step']}, not one of "
+                         f"this {' '.join(ours)} run: move it out of the run's eval/")
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:EVALUATION_ID_CHARS]
+    return dict(steps=ident["checkpoint_step"], max_steps=ident["max_steps"], evaluation=digest)
+
+
 def records_of_run(run_dir: Path, recipe: str = "cpu", settings: list[str] | None = None) -> list[Record]:
     """One record per ``eval/*/summary.json`` of a training run directory (``settings``: only these eval folders)."""
+    from core.eval_identity import NotComparable, read_summary
+
     run_dir = Path(run_dir)
-    common = run_fields(run_dir, recipe)
+    cfg = run_config(run_dir)
+    common = {k: v for k, v in run_fields(run_dir, recipe).items() if k != "steps"}
     trained = trained_on(run_dir)  # read once: every evaluation of the run shares it
     out = {}
-    paths = [run_dir / "eval" / n / "summary.json" for n in settings] if settings is not None else run_dir.glob("eval/*/summary.json")
-    for path in sorted(p for p in paths if p.exists()):
-        s = json.loads(path.read_text())
-        record = Record(**common, condition=condition_of(s), successes=int(s["successes"]), episodes=int(s["num_episodes"]),
-                        coverage=s.get("mean_max_coverage"), machine=machine_text(trained, s))
+    names = settings if settings is not None else [p.parent.name for p in run_path(run_dir, "eval").glob("*/summary.json")]
+    for path in sorted(p for p in (run_path(run_dir, "eval", n, "summary.json") for n in names) if p.exists()):
+        try:
+            s = read_summary(path)
+        except NotComparable as exc:
+            raise ValueError(f"{exc}: evaluate it again before recording it") from None
+        evaluated = evaluation_fields(s, path, cfg)
+        try:
+            record = Record(**common, **evaluated, condition=condition_of(s), successes=s["successes"],
+                            episodes=s["num_episodes"], coverage=s.get("mean_max_coverage"), machine=machine_text(trained, s))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path} is not a summary rollout.py wrote ({' '.join(str(exc).split())[:100]}): "
+                             f"evaluate it again before recording it") from None
         if record.key in out:  # two evaluations of one condition: which one to record is the user's choice
             raise ValueError(f"{out[record.key][0]} and {path.parent} both evaluate {run_dir} under condition "
                              f"{condition_text(record.condition)!r}: move the one not to record out of {run_dir / 'eval'}")

@@ -1,12 +1,17 @@
-"""One robustness report per checkpoint: the clean run and every shift of a named suite, matched pairs.
+"""One robustness report per checkpoint: a named set of settings (clean, then shifts) over the evaluation that
+``rollout.py`` and the studies run, its shifted runs paired with the clean run episode by episode.
 
-    python -m core.suite RUN [--suite standard] [--workers 2] [--episodes 30] [--clean-episodes 50] [--max-steps N]
+    python -m studies.suite RUN [--suite standard] [--workers 2] [--episodes 30] [--clean-episodes 50] [--max-steps N]
 
-Each setting is one ``rollout.py`` evaluation into ``RUN/eval/suite_<suite>/<tag>/`` (``clean`` first): one
-already evaluated (its summary.json exists) is skipped, so an interrupted suite continues where it stopped.
-Every shifted run plays the clean run's seeds, so its drop is paired episode by episode (``paired``).
+Each setting is one ``core.evaluation.evaluate_checkpoint`` into ``RUN/eval/suite_<suite>/<setting>/``, whose
+summary.json is rollout.py's (its ``identity`` included; ``python -m studies add STUDY RUN --evals
+suite_standard/clean,...`` records them). One already there is kept only when it is a finished evaluation of
+this checkpoint that answers the same question (``core.eval_identity``: weights, step, shifts, max_steps,
+seeds); anything else (a resumed training, a different cap, an interrupted or empty evaluation) is evaluated
+again, so an interrupted suite continues where it stopped. Every shifted run plays the clean run's seeds.
 Writes ``report.md`` (success with its Wilson interval, the paired drop), ``report.png`` (success against
-severity per kind) and ``eval_info.json`` (lerobot's ``eval_info.json`` field names) beside the runs.
+severity per kind) and ``eval_info.json`` (lerobot's ``eval_info.json`` field names) beside the settings.
+A checkpoint folder given as RUN writes into its run's eval/, never inside the checkpoint.
 """
 from __future__ import annotations
 
@@ -14,10 +19,12 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.figures import save_png
 from envs.corruptions import Shift, parse_shifts
+from envs.factory import EVAL_SEED_START as EVAL_SEED
 from envs.scene_shifts import SCENE_KINDS, SCENE_SEVERITIES, scene_kinds_of
 
 # the suites, as data: KIND:SEVERITY settings; scene kinds a task cannot render are left out for that task
@@ -30,6 +37,26 @@ SUITES = {
     "tiny": ["colour:1", "brightness:1"],  # for the tests: seconds
 }
 CLEAN = "clean"
+PROG = "python -m studies.suite"
+
+
+@dataclass(frozen=True)
+class SuiteOptions:
+    """How much each setting evaluates; checked before anything loads."""
+
+    workers: int = 2
+    episodes: int = 30  # per shifted setting
+    clean_episodes: int = 50
+    max_steps: int | None = None  # the task's horizon unless given
+
+    def __post_init__(self):
+        for name, least in (("workers", 0), ("episodes", 1), ("clean_episodes", 1), ("max_steps", 1)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < least):
+                raise ValueError(f"--{name.replace('_', '-')} {value}: give an integer of at least {least}")
+        if self.clean_episodes < self.episodes:
+            raise ValueError(f"--clean-episodes {self.clean_episodes} is fewer than --episodes {self.episodes}: each shifted "
+                             f"run is paired with the clean run on its seeds; give --clean-episodes {self.episodes} or more")
 
 
 def settings(suite: str, task: str) -> list[Shift]:
@@ -41,32 +68,55 @@ def settings(suite: str, task: str) -> list[Shift]:
     return [s for s in shifts if s.stage == "pixel" or s.kind in renders]
 
 
-def evaluate_suite(run: Path, suite: str = "standard", *, workers: int = 2, episodes: int = 30,
-                   clean_episodes: int = 50, max_steps: int | None = None, log=print) -> Path:
-    """Evaluate what is missing, then write the report; returns the suite's folder."""
-    from core.evaluation import evaluate_checkpoint, paired_with_clean
+def suite_folder(ckpt: Path, suite: str) -> Path:
+    """<run>/eval/suite_<suite>, checked: inside a run it reaches no symbolic link (``core.rundir.run_path``)."""
+    from core.eval_folders import run_of
+    from core.rundir import is_run, run_path
+
+    run = run_of(ckpt)
+    return run_path(run, "eval", f"suite_{suite}") if is_run(run) else run / "eval" / f"suite_{suite}"
+
+
+def evaluate_suite(run: Path, suite: str = "standard", options: SuiteOptions = SuiteOptions(), *, log=None,
+                   progress: bool = True) -> Path:
+    """Evaluate what is missing under one progress bar, then write the report; returns the suite's folder."""
+    from tqdm import tqdm
+
+    from core.config import InferenceOverrides
+    from core.eval_identity import NotComparable, check_done
+    from core.evaluation import evaluate_checkpoint, wanted_identity
     from policies.checkpoint import read_checkpoint_meta, resolve_checkpoint
 
     ckpt = resolve_checkpoint(run)
-    task = read_checkpoint_meta(ckpt)["cfg"]["task"]["name"]
-    todo = settings(suite, task)  # before any evaluation: a bad suite costs nothing
-    folder = Path(run) / "eval" / f"suite_{suite}"
-    summaries = {}
-    for name, corruption, n in [(CLEAN, None, clean_episodes), *((s.tag, [s], episodes) for s in todo)]:
-        out = folder / name
-        if (out / "summary.json").exists():
-            log(f"{name}: evaluated already, kept")
-        else:
-            log(f"{name}: {n} episodes")
+    meta = read_checkpoint_meta(ckpt)
+    todo = settings(suite, meta["cfg"]["task"]["name"])  # before any evaluation: a bad suite costs nothing
+    folder = suite_folder(ckpt, suite)
+    plan = []
+    for name, shifts, n in [(CLEAN, None, options.clean_episodes), *((s.tag, [s], options.episodes) for s in todo)]:
+        inference = InferenceOverrides(corruption=shifts)
+        wanted = wanted_identity(ckpt, meta, inference, seed=EVAL_SEED, num_episodes=n, max_steps=options.max_steps)
+        try:
+            check_done(folder / name / "summary.json", wanted)
+            plan.append((name, inference, n, "kept"))
+        except NotComparable as exc:
+            plan.append((name, inference, n, "" if not (folder / name).exists() else str(exc)))
+    with tqdm(total=sum(n for *_, n, kept in plan if kept != "kept"), disable=not progress, dynamic_ncols=True,
+              unit="episode") as bar:
+        say = log or bar.write
+        for name, inference, n, state in plan:
+            if state == "kept":
+                say(f"{name}: evaluated already, kept")
+                continue
+            say(f"{name}: {n} episodes" + (f", evaluated again: {state}" if state else ""))
+            bar.set_description(f"suite {suite}: {name}")
             t0 = time.perf_counter()
-            s = evaluate_checkpoint(ckpt, num_episodes=n, workers=workers,
-                                    out_dir=out, num_videos=0, max_steps=max_steps, corruption=corruption, progress=False)
-            if corruption is not None:
-                s["paired"] = paired_with_clean(s, folder / CLEAN)
-            s["eval_s"] = time.perf_counter() - t0
-            _write(out / "summary.json", json.dumps(s, indent=2))
-        summaries[name] = json.loads((out / "summary.json").read_text())
-    _report(folder, suite, summaries)
+            summary = evaluate_checkpoint(ckpt, num_episodes=n, seed=EVAL_SEED, workers=options.workers,
+                                          out_dir=folder / name, num_videos=0, max_steps=options.max_steps,
+                                          inference=inference, progress=False, bar=bar, overwrite=True,
+                                          clean_dir=folder / CLEAN)
+            summary["eval_s"] = time.perf_counter() - t0
+            _write(folder / name / "summary.json", json.dumps(summary, indent=2))
+    _report(folder, suite, {name: json.loads((folder / name / "summary.json").read_text()) for name, *_ in plan})
     return folder
 
 
@@ -88,8 +138,9 @@ def _report(folder: Path, suite: str, summaries: dict[str, dict]) -> None:
         drop = f"{100 * p['difference']:+.0f} [{100 * p['difference_ci95'][0]:+.0f}, {100 * p['difference_ci95'][1]:+.0f}]" if p else ""
         rows.append(f"| {name} | {_pct(s['success_rate'])}% [{_pct(lo)}, {_pct(hi)}] | {drop} | {s['num_episodes']} |")
     clean = summaries[CLEAN]
+    encoder = f"attention {clean['attention']}" if clean.get("attention") else f"encoder {clean.get('encoder')}"
     _write(folder / "report.md", f"# Suite `{suite}`: {clean['checkpoint']}\n\n{clean['task']} {clean['policy']}, "
-           f"attention {clean['attention']}. Success with its Wilson interval; the drop against the clean run "
+           f"{encoder}. Success with its Wilson interval; the drop against the clean run "
            f"over the same initial states (per-episode pairs, bootstrap).\n\n" + "\n".join(rows) + "\n")
     _write(folder / "eval_info.json", json.dumps(_eval_info(summaries), indent=2))
     _plot(folder / "report.png", summaries)
@@ -132,22 +183,28 @@ def _plot(path: Path, summaries: dict[str, dict]) -> None:
     save_png(fig, path, dpi=100)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):  # a bad option is one line, like every other refusal of the package
+        sys.exit(f"{PROG}: error: {message}")
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m core.suite", description=__doc__.split("\n\n")[0])
+    defaults = SuiteOptions()
+    ap = _OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a train_policy.py run_dir or a checkpoint folder")
     ap.add_argument("--suite", default="standard", help=f"one of {', '.join(SUITES)}")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--episodes", type=int, default=30, help="per shifted setting")
-    ap.add_argument("--clean-episodes", type=int, default=50)
-    ap.add_argument("--max-steps", type=int, default=None, help="the task's horizon unless given")
+    ap.add_argument("--workers", type=int, default=defaults.workers)
+    ap.add_argument("--episodes", type=int, default=defaults.episodes, help="per shifted setting")
+    ap.add_argument("--clean-episodes", type=int, default=defaults.clean_episodes)
+    ap.add_argument("--max-steps", type=int, default=defaults.max_steps, help="the task's horizon unless given")
     args = ap.parse_args(argv)
     try:
-        folder = evaluate_suite(args.run, args.suite, workers=args.workers, episodes=args.episodes,
-                                clean_episodes=args.clean_episodes, max_steps=args.max_steps)
+        options = SuiteOptions(args.workers, args.episodes, args.clean_episodes, args.max_steps)
+        folder = evaluate_suite(args.run, args.suite, options)
     except KeyboardInterrupt:
-        sys.exit("python -m core.suite: interrupted; every finished evaluation is kept: rerun the same command to continue")
-    except (ValueError, FileNotFoundError, OSError) as exc:
-        sys.exit(f"python -m core.suite: error: {exc}")
+        sys.exit(f"{PROG}: interrupted; every finished evaluation is kept: rerun the same command to continue")
+    except (ValueError, OSError) as exc:
+        sys.exit(f"{PROG}: error: {' '.join(str(exc).split())}")
     print(f"report: {folder / 'report.md'}, {folder / 'report.png'}, {folder / 'eval_info.json'}")
 
 

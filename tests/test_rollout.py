@@ -70,7 +70,7 @@ def test_each_evaluation_gets_its_own_folder(tiny_checkpoint, tmp_path):
     # `last` is named by its step, so it cannot be confused with a later `last`
     assert names == ["step_0000002_seed100000_max_steps2_n1", "step_0000002_seed100000_max_steps3_n1",
                      "step_0000002_seed100001_max_steps2_n1"]
-    with pytest.raises(FileExistsError, match="holds an earlier evaluation; pass overwrite=true"):
+    with pytest.raises(FileExistsError, match="holds this evaluation already .*; pass overwrite=true"):
         _rollout(f"checkpoint={ckpts / 'step_0000002'}", *base)
     _rollout(f"checkpoint={ckpts / 'step_0000002'}", *base, "overwrite=true")
     # a standalone checkpoint directory evaluates into eval/ beside it, not two levels up
@@ -211,8 +211,8 @@ def test_a_scene_shift_is_rendered_on_the_clean_runs_initial_states_and_paired_w
     assert shifted["corruptions"] == [["colour", 3]] and shifted["corruption"] == "colour3"
     assert not np.array_equal(filmed["clean"][0], filmed["colour3"][0])  # the scene changed ...
     assert [e["seed"] for e in shifted["episodes"]] == [e["seed"] for e in clean["episodes"]]
-    paired = evaluation.paired_with_clean(shifted, tmp_path / "clean")
-    assert paired["episodes"] == 2 and paired["clean_success_rate"] == clean["success_rate"]
+    paired, why = evaluation.paired_with_clean(shifted, tmp_path / "clean")
+    assert why == "" and paired["episodes"] == 2 and paired["clean_success_rate"] == clean["success_rate"]
     assert paired["difference"] == pytest.approx(shifted["success_rate"] - clean["success_rate"])
     with pytest.raises(ValueError, match="cannot render a lighting shift"):  # before the policy loads
         monkeypatch.setattr(evaluation, "load_policy", lambda *a, **k: pytest.fail("the policy loaded"))

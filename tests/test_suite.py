@@ -1,9 +1,9 @@
-"""python -m core.suite: one robustness report per checkpoint (clean + a named suite, matched pairs)."""
+"""python -m studies.suite: one robustness report per checkpoint (clean + a named suite, matched pairs)."""
 import json
 
 import pytest
 
-from core import suite
+from studies import suite
 from core.training import train
 from tests.helpers import run_command, tiny_train_cfg
 
@@ -17,7 +17,8 @@ def tiny_run(tmp_path_factory, tiny_pusht_zarr):
 
 def test_a_suite_writes_the_table_the_plot_and_lerobots_eval_info_and_skips_what_is_done(tiny_run):
     seen = []
-    kw = dict(workers=0, episodes=2, clean_episodes=3, max_steps=2, log=seen.append)  # pairs on the 2 common seeds
+    kw = dict(options=suite.SuiteOptions(workers=0, episodes=2, clean_episodes=3, max_steps=2), log=seen.append,
+              progress=False)  # pairs on the 2 common seeds
     folder = suite.evaluate_suite(tiny_run, "tiny", **kw)
     assert sorted(p.name for p in folder.iterdir()) == ["brightness1", "clean", "colour1", "eval_info.json", "report.md",
                                                         "report.png"]
@@ -43,6 +44,6 @@ def test_the_suite_leaves_out_what_the_task_cannot_render_and_refuses_unknown_su
 
 
 def test_a_bad_suite_is_one_line_before_anything_loads(tiny_run):
-    out = run_command(["-m", "core.suite", str(tiny_run), "--suite", "bogus"])
+    out = run_command(["-m", "studies.suite", str(tiny_run), "--suite", "bogus"])
     assert out.returncode != 0
-    assert out.stderr.strip() == "python -m core.suite: error: suite='bogus' does not exist; choose one of standard, scene, tiny"
+    assert out.stderr.strip() == "python -m studies.suite: error: suite='bogus' does not exist; choose one of standard, scene, tiny"
