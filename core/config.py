@@ -185,6 +185,9 @@ class TrainRunConfig:
 
 
 # --- rollout.py ---------------------------------------------------------------------------------
+CAMERA_POSE_OPTIONS = (None, "nominal")
+
+
 @dataclass
 class InferenceOverrides:
     """Changes to a checkpoint at rollout, without retraining: ``rollout.py``'s options, a study's
@@ -199,9 +202,16 @@ class InferenceOverrides:
     # camera corruptions before the policy sees a frame: KIND:SEVERITY or a list of them, KIND one of
     # gaussian_noise, blur, brightness, contrast and SEVERITY 1-3 (envs/corruptions.py)
     corruption: Optional[Any] = None
+    # a camera-aware policy (policy.ray_maps) is told the pose its camera is at; "nominal": the unshifted pose,
+    # as a bumped camera nobody recalibrated reports it (the honest worst case under a camera shift)
+    camera_pose: Optional[str] = None
 
     def __post_init__(self):
         from envs.corruptions import parse_shifts
+
+        if self.camera_pose not in CAMERA_POSE_OPTIONS:
+            raise ValueError(f"camera_pose={self.camera_pose!r}: give camera_pose=nominal (the unshifted pose) or leave "
+                             "it out (the pose that rendered the frame)")
 
         # parsed once, here: refused before the checkpoint loads or an episode runs; [(kind, severity), ...] after
         self.corruption = parse_shifts(self.corruption)

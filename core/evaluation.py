@@ -321,6 +321,16 @@ def encoder_of(policy_config: dict) -> str:
     return policy_config.get("encoder", "vit")
 
 
+def camera_pose_options(meta: dict, inference: InferenceOverrides) -> dict:
+    """The environment options ``camera_pose=`` asks for; refused in one line for a policy that reads no pose."""
+    if inference.camera_pose is None:
+        return {}
+    if not meta["policy_config"].get("ray_maps"):
+        raise OverrideError(f"camera_pose={inference.camera_pose} applies to camera-aware policies (policy.ray_maps=true), "
+                            "and this checkpoint reads no camera pose; drop camera_pose=")
+    return {"nominal_camera_pose": True}
+
+
 def wanted_identity(ckpt: Path, meta: dict, inference: InferenceOverrides, *, seed: int, num_episodes: int,
                     max_steps: int | None) -> dict:
     """What evaluating ``ckpt`` so would answer (``core.eval_identity``), known before any episode runs."""
@@ -370,6 +380,7 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
     if out_dir is not None and (Path(out_dir) / "summary.json").exists() and not overwrite:
         _check_earlier(out_dir, wanted)
     changes, attn_over = policy_overrides(meta, inference)
+    env_options = camera_pose_options(meta, inference)
     policy = load_policy(ckpt, device=device, **changes)
     task = from_dict(TaskConfig, meta["cfg"]["task"])
     scene_shifts, obs_transform = _observation_changes(inference, policy.config.image_keys, obs_transform)
@@ -377,7 +388,7 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
     try:
         summary = evaluate(policy, task, num_episodes=num_episodes, seed=seed, workers=workers, image_size=inference.image_size,
                            obs_transform=obs_transform, scene_shifts=scene_shifts, max_steps=max_steps, progress=progress,
-                           video_dir=filmed, num_videos=num_videos, bar=bar)
+                           video_dir=filmed, num_videos=num_videos, bar=bar, env_options=env_options)
     except BaseException as exc:
         if filmed is not None:
             shutil.rmtree(filmed, ignore_errors=True)  # an evaluation that did not finish leaves no videos

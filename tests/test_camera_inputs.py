@@ -195,9 +195,24 @@ def test_a_camera_aware_policy_trains_keeps_its_actions_through_a_checkpoint_and
     other = dict(obs, **{POSE: moved})
     torch.manual_seed(3)
     assert not torch.equal(loaded.predict_action_chunk(other), actions[1])
-    s = evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=3, out_dir=tmp_path / "eval", progress=False,
-                            corruption="camera:2")
-    assert s["episodes"][0]["steps"] == 3
+    runs = {pose: evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=3, out_dir=tmp_path / f"eval_{pose}",
+                                      progress=False, corruption="camera:2", camera_pose=pose)
+            for pose in (None, "nominal")}
+    assert all(s["episodes"][0]["steps"] == 3 for s in runs.values())
+    # the two answer different questions: told the moved pose, or the one before the bump
+    assert runs[None]["identity"] != runs["nominal"]["identity"]
+
+
+def test_the_nominal_pose_is_refused_for_a_policy_that_reads_no_pose_and_for_an_unknown_value(tmp_path, camera_demos):
+    from core.inference import OverrideError
+
+    cfg = compose([o for o in camera_overrides(tmp_path, camera_demos, "bc")
+                   if "_camera=" not in o and "ray_maps" not in o])
+    last = train(cfg).checkpoint
+    with pytest.raises(OverrideError, match=r"camera_pose=nominal applies to camera-aware policies .* drop camera_pose="):
+        evaluate_checkpoint(last, num_episodes=1, max_steps=2, progress=False, camera_pose="nominal")
+    with pytest.raises(ValueError, match=r"camera_pose='fixed': give camera_pose=nominal"):
+        evaluate_checkpoint(last, num_episodes=1, max_steps=2, progress=False, camera_pose="fixed")
 
 
 def test_a_ray_map_needs_each_cameras_pose_and_dropout_is_a_probability(tmp_path, camera_demos):
