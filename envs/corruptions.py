@@ -1,152 +1,30 @@
-"""What changes between the camera and the policy: one vocabulary, ``KIND:SEVERITY``, for two stages.
+"""The pixel operations: corruptions of the rendered uint8 HWC frame before the policy sees it.
 
-* **pixel corruptions** act on the rendered uint8 HWC frame before the policy sees it (``corrupt``,
-  ``obs_corruptor``): the four kinds of before, hand-written and kept exactly as they were at severities
-  1-3 (committed records depend on them: ``gaussian_noise``, ``blur``, ``brightness``, ``contrast``), and
-  ImageNet-C's definitions (Hendrycks & Dietterich 2019) at their five severities, from the
-  ``imagecorruptions-imaug`` package (``LIBRARY_KINDS``);
-* **scene shifts** are rendered by the simulator itself (``envs.scene_shifts``: light, colours, camera
-  pose), drawn from the episode's seed and undone after the episode; the environment applies them.
-
-``parse_shifts`` is the one parser: it checks kind, severity and what the task can render before
-anything loads, and gives ``Shift(kind, severity)`` pairs that tell their ``stage`` and ``tag``.
+The four hand-written kinds (``gaussian_noise``, ``blur``, ``brightness``, ``contrast``) are kept exactly as
+they were at severities 1-3 (committed records depend on them); ImageNet-C's kinds come from the
+``imagecorruptions-imaug`` package (Hendrycks & Dietterich 2019). Which kinds and severities exist, and how a
+shift is spelled and parsed, is the vocabulary's (``envs.shifts``); scene shifts are the simulator's
+(``envs.scene_shifts``).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import NamedTuple
-
 import numpy as np
 
-from .scene_shifts import SCENE_KINDS, SCENE_SEVERITIES, scene_kinds_of
+# the vocabulary, read here; the names after PIXEL_SEVERITIES are re-exported for callers that still import them from here
+from .shifts import (CORRUPTIONS, KINDS, LIBRARY_KINDS, LIBRARY_SEVERITIES, PIXEL, PIXEL_SEVERITIES, SCENE,  # noqa: F401
+                     SEVERITIES, Shift, ShiftError, parse_scene_shifts, parse_shifts, severities, shift_tag, split_stages)
 
-PIXEL, SCENE = "pixel", "scene"
-
-# --- the four hand-written kinds (their meaning is frozen: records of before are named by them) ----------
-CORRUPTIONS = ("gaussian_noise", "blur", "brightness", "contrast")
-# per corruption: strength at severities 1, 2, 3
+CorruptionError = ShiftError  # the name of before: a malformed shift of either stage is a ShiftError
+# per hand-written corruption: strength at severities 1, 2, 3
 LEVELS = {
     "gaussian_noise": (0.04, 0.08, 0.16),  # noise std, in units of the [0, 1] range
     "blur": (0.6, 1.0, 1.6),  # Gaussian sigma in pixels
     "brightness": (0.1, 0.2, 0.35),  # added to every pixel in [0, 1]
     "contrast": (0.75, 0.5, 0.3),  # factor towards the mean grey
 }
-SEVERITIES = (1, 2, 3)  # of the four above
-
-# --- ImageNet-C, as the imagecorruptions-imaug package defines it ------------------------------------------
-# ImageNet-C's gaussian_noise, brightness and contrast are not offered: those names mean ours (above).
-# glass_blur is left out: 0.6 s a frame at 84 px, and it draws from an unseeded generator of its own.
-LIBRARY_KINDS = ("shot_noise", "impulse_noise", "speckle_noise", "defocus_blur", "motion_blur", "zoom_blur",
-                 "gaussian_blur", "fog", "frost", "snow", "spatter", "elastic_transform", "pixelate",
-                 "jpeg_compression", "saturate")
-LIBRARY_SEVERITIES = (1, 2, 3, 4, 5)
 LIBRARY_MIN_SIDE = 32  # the library refuses smaller frames
 
-PIXEL_SEVERITIES = {**{k: SEVERITIES for k in CORRUPTIONS}, **{k: LIBRARY_SEVERITIES for k in LIBRARY_KINDS}}
-KINDS = {**{k: PIXEL for k in PIXEL_SEVERITIES}, **{k: SCENE for k in SCENE_KINDS}}
 
-
-class CorruptionError(ValueError):
-    """A malformed or unsupported ``KIND:SEVERITY``: the CLI prints it as one line."""
-
-
-class Shift(NamedTuple):
-    """One ``KIND:SEVERITY``; a plain ``(kind, severity)`` pair (JSON writes it as a list)."""
-
-    kind: str
-    severity: int
-
-    @property
-    def stage(self) -> str:
-        """``"pixel"``: a corruption of the observation (``obs_corruptor``); ``"scene"``: the env renders it."""
-        return KINDS[self.kind]
-
-    @property
-    def tag(self) -> str:
-        """The name in folder names and records: ``brightness1``, ``jpeg_compression3``, ``lighting2``."""
-        return f"{self.kind}{self.severity}"
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{self.severity}"
-
-
-def severities(kind: str) -> tuple[int, ...]:
-    return PIXEL_SEVERITIES[kind] if KINDS[kind] == PIXEL else SCENE_SEVERITIES
-
-
-def _example(option: str) -> str:
-    return f"{option}=camera:1" if option == "scene_shifts" else f"{option}=brightness:1"
-
-
-def _items(spec, option: str) -> list:
-    if spec is None:
-        return []
-    if isinstance(spec, str):
-        return [spec]
-    if isinstance(spec, Mapping) or not hasattr(spec, "__iter__"):  # 42, True, {...}: not KIND:SEVERITY
-        raise CorruptionError(f"{option}={spec!r}: give KIND:SEVERITY or a list of them, e.g. {_example(option)}")
-    return list(spec)
-
-
-def _one(item, option: str) -> Shift:
-    if isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[1], int) \
-            and not isinstance(item[1], bool):  # already parsed
-        kind, severity = str(item[0]), str(item[1])
-    elif isinstance(item, str) and item.count(":") == 1:
-        kind, severity = item.split(":")
-    else:
-        raise CorruptionError(f"{option}={item!r}: give KIND:SEVERITY, e.g. {_example(option)}")
-    if kind not in KINDS:
-        raise CorruptionError(f"{option}={kind}:{severity}: give KIND:SEVERITY with KIND a pixel corruption "
-                              f"({', '.join(PIXEL_SEVERITIES)}) or a scene shift ({', '.join(SCENE_KINDS)})")
-    allowed = severities(kind)
-    if severity not in tuple(map(str, allowed)):
-        raise CorruptionError(f"{option}={kind}:{severity}: give KIND:SEVERITY with SEVERITY {allowed[0]}-{allowed[-1]} "
-                              f"for {kind}, e.g. {option}={kind}:{allowed[0]}")
-    return Shift(kind, int(severity))
-
-
-def parse_shifts(spec, task: str | None = None, option: str = "corruption") -> list[Shift]:
-    """``"lighting:2"``, ``"brightness:1"``, ``[...]`` of them (or of pairs) -> ``[Shift, ...]`` in the order
-    given; None or [] -> []. Refused in one line (``CorruptionError``, a ValueError): anything that is not
-    KIND:SEVERITY, an unknown kind, a severity out of the kind's range, a scene kind twice, and with ``task``
-    a scene kind that task cannot render. ``option`` names the setting in the messages."""
-    out = [_one(item, option) for item in _items(spec, option)]
-    scene = [s.kind for s in out if s.stage == SCENE]
-    if len(set(scene)) < len(scene):
-        raise CorruptionError(f"{option}: give each scene shift once, got {', '.join(map(str, out))}")
-    if task is not None:
-        can = scene_kinds_of(task)
-        for s in out:
-            if s.stage == SCENE and s.kind not in can:
-                raise CorruptionError(f"{option}={s}: the {task} task cannot render a {s.kind} shift; "
-                                      f"its scene shifts: {', '.join(can)}")
-    return out
-
-
-def shift_tag(shifts) -> str | None:
-    """[("brightness", 1), ("lighting", 2)] -> "brightness1+lighting2" (folder names, records); [] -> None."""
-    return "+".join(Shift(*s).tag for s in shifts) or None
-
-
-def split_stages(shifts) -> tuple[list[Shift], list[Shift]]:
-    """(pixel corruptions for ``obs_corruptor``, scene shifts for the env's ``scene_shifts=``), order kept."""
-    shifts = [Shift(*s) for s in shifts]
-    return [s for s in shifts if s.stage == PIXEL], [s for s in shifts if s.stage == SCENE]
-
-
-def parse_scene_shifts(spec, task: str) -> tuple[Shift, ...]:
-    """What an environment's ``scene_shifts=`` / ``set_scene_shifts`` takes: ``parse_shifts`` for ``task``,
-    scene kinds only (a pixel corruption is refused in one line: the caller applies those to observations)."""
-    shifts = parse_shifts(spec, task=task, option="scene_shifts")
-    pixel = [str(s) for s in shifts if s.stage == PIXEL]
-    if pixel:
-        raise CorruptionError(f"scene_shifts={', '.join(pixel)}: a pixel corruption applies to observations "
-                              "(envs.corruptions.obs_corruptor), not to the scene")
-    return tuple(shifts)
-
-
-# --- the pixel operations --------------------------------------------------------------------------------
 def _gaussian_kernel(sigma: float) -> np.ndarray:
     radius = max(1, int(round(3 * sigma)))
     x = np.arange(-radius, radius + 1)

@@ -1,6 +1,6 @@
 """Pictures of the shifts: one frame of the policy's camera per kind and severity, a grid per task.
 
-    python -m envs.shifts --pictures docs/img [--seed 100000] [--tasks lift,can,pusht]
+    python -m envs.pictures --pictures docs/img [--seed 100000] [--tasks lift,can,pusht]
 
 writes ``shifts_<task>.png`` (scene shifts, a row per kind, severities 0-3; ``envs/scene_shifts.py``) and
 ``corruptions_lift.png`` (the ImageNet-C kinds from the library at severities 0-5, on Lift's clean frame).
@@ -87,7 +87,7 @@ def pictures(out: Path, seed: int, tasks: list[str]) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m envs.shifts", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m envs.pictures", description=__doc__.split("\n")[0])
     parser.add_argument("--pictures", type=Path, required=True, metavar="DIR", help="folder for the PNG grids")
     parser.add_argument("--seed", type=int, default=EVAL_SEED_START,
                         help="the episode shown (default: the first evaluation seed)")

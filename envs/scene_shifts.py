@@ -17,7 +17,7 @@ with a continuous severity: ``SceneRandomization`` draws, per episode and kind, 
 clean scene). ``TRAINING_RANGE`` is the max_severity the recipe's randomised demonstrations use: an
 evaluation severity above it is out of the training range. Lift and Can use robosuite's own
 modders (``envs/robosuite_scene.py``), PushT its own drawing (``envs/pusht.py``). This module holds the
-tables and the draws only: it imports neither simulator.
+magnitudes and the draws only (kinds, severities and parsing are ``envs.shifts``'); it imports neither simulator.
 """
 from __future__ import annotations
 
@@ -26,15 +26,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-SCENE_SEVERITIES = (1, 2, 3)
-# randomised demonstrations draw each kind's severity up to this by default: severities 1-2 are in the
-# training range, 3 is out of it (the studies read this to keep the two apart in their tables)
-TRAINING_RANGE = 2
+# the vocabulary, read here; SCENE_KINDS and scene_kinds_of are re-exported for callers that still import them from here
+from .shifts import SCENE_KINDS, SCENE_SEVERITIES, TRAINING_RANGE, parse_randomised_kinds, scene_kinds_of  # noqa: F401
+
 # the severity word of a randomised episode's generator (scene_random_state): the fixed severities are 1-3,
 # so a randomised scene never draws the directions of an evaluation shift of the same seed
 RANDOMISED_STREAM = 0
-# kind -> the tasks that can render it (PushT is drawn in 2-D without a light)
-SCENE_KINDS = {"lighting": ("lift", "can"), "colour": ("lift", "can", "pusht"), "camera": ("lift", "can", "pusht")}
 
 # magnitudes at severities 1, 2, 3 (the direction of each change is drawn per episode)
 LIGHT_TILT_DEG = (10.0, 20.0, 35.0)  # the light's direction turns by this about a random axis
@@ -55,11 +52,6 @@ def at_severity(table, severity: float, clean: float = 0.0) -> float:
     if float(severity).is_integer() and int(severity) in SCENE_SEVERITIES:
         return table[int(severity) - 1]
     return float(np.interp(severity, (0, *SCENE_SEVERITIES), (clean, *table)))
-
-
-def scene_kinds_of(task: str) -> tuple[str, ...]:
-    """The scene shifts ``task`` can render: ("lighting", "colour", "camera") for lift and can."""
-    return tuple(kind for kind, tasks in SCENE_KINDS.items() if task in tasks)
 
 
 def scene_random_state(seed: int | None, kind: str, severity: int) -> np.random.RandomState:
@@ -122,34 +114,10 @@ class SceneRandomization(NamedTuple):
 
 
 def parse_scene_randomization(kinds, max_severity: int, task: str) -> SceneRandomization | None:
-    """``scene_randomization=`` and ``scene_randomization_max=`` of generate_demos.py: kinds as a list, one
-    kind, ``"lighting,colour"`` or ``"all"`` (every kind ``task`` renders); None or [] -> None (clean
-    scenes). Refused in one line (ValueError): an unknown kind, one the task cannot render, a kind twice, a
-    max severity outside 1-3."""
-    if isinstance(max_severity, bool) or not isinstance(max_severity, int) or max_severity not in SCENE_SEVERITIES:
-        raise ValueError(f"scene_randomization_max={max_severity!r}: give a severity "
-                         f"{SCENE_SEVERITIES[0]}-{SCENE_SEVERITIES[-1]} (default {TRAINING_RANGE})")
-    if kinds is None or kinds == [] or kinds == ():
-        return None
-    can = scene_kinds_of(task)
-    if isinstance(kinds, str):
-        kinds = can if kinds == "all" else [k.strip() for k in kinds.split(",")]
-    elif not isinstance(kinds, (list, tuple)) or not all(isinstance(k, str) for k in kinds):
-        raise ValueError(f"scene_randomization={kinds!r}: give scene kinds, e.g. scene_randomization=[{','.join(can)}] "
-                         "or scene_randomization=all")
-    for kind in kinds:
-        if ":" in kind and kind.split(":")[0] in SCENE_KINDS:  # rollout's corruption=kind:severity syntax
-            raise ValueError(f"scene_randomization={kind}: give kinds without a severity, and the highest "
-                             f"severity drawn with scene_randomization_max=N (default {TRAINING_RANGE})")
-        if kind not in SCENE_KINDS:
-            raise ValueError(f"scene_randomization={kind}: not a scene shift; the {task} task's: {', '.join(can)} "
-                             "(or scene_randomization=all)")
-        if kind not in can:
-            raise ValueError(f"scene_randomization={kind}: the {task} task cannot render a {kind} shift; "
-                             f"its scene shifts: {', '.join(can)}")
-    if len(set(kinds)) < len(kinds):
-        raise ValueError(f"scene_randomization: give each kind once, got {', '.join(kinds)}")
-    return SceneRandomization(tuple(kinds), int(max_severity))
+    """``scene_randomization=`` / ``scene_randomization_max=`` of generate_demos.py, read by the vocabulary's one
+    parser (``envs.shifts.parse_randomised_kinds``: kinds, ``"all"``, refusals in one line); None: clean scenes."""
+    parsed = parse_randomised_kinds(kinds, max_severity, task)
+    return None if parsed is None else SceneRandomization(*parsed)
 
 
 def in_training_range(kind: str, severity: int, randomization: SceneRandomization | None) -> bool:

@@ -2,10 +2,21 @@
 A grid (tasks x policies x arms x variants x the budget's seeds) of override mappings and named rollout
 settings, whose "{episodes}", "{shifted_episodes}", "{workers}" come from the budget. A new study is one more entry.
 """
-from envs.scene_shifts import SCENE_SEVERITIES, scene_kinds_of
-from studies.evidence import AUGMENT, COLOUR, RANDOMISED, SHIFT, WRIST
+from envs.shifts import COMPARED_SEVERITY, PAPERS_PIXEL, RECIPE_PIXEL, SCENE_SEVERITIES, scene_set
 from studies.study import Study
 
+# training overrides the studies vary, defined here once (studies.evidence's claims and fixes name them)
+PER_IMAGE = {"policy.vit.input_norm": "per_image"}
+AUGMENT = {"policy.image_aug.brightness": "0.3", "policy.image_aug.contrast": "0.5"}  # torchvision ColorJitter per image
+# training that survives the scene (study scene_training), each on top of recipe=cpu's jitter
+SHIFT = {"policy.image_aug.shift": "4"}  # DrQ's 4 px on 84-px images
+COLOUR = {"policy.image_aug.hue": "0.1", "policy.image_aug.saturation": "0.5"}
+# generate_demos.py task=lift out=data/lift/ph_image_scene.hdf5 scene_randomization=all (severities up to
+# envs.shifts.TRAINING_RANGE = 2: severity 3 lies outside the training range)
+RANDOMISED = {"task.dataset.path": "data/lift/ph_image_scene.hdf5"}
+# the wrist camera beside agentview (robomimic's image observations): a view that a moved agentview does not move.
+# The command line's form; the records name it "+task..." (recipe=cpu drops the key that task=lift has)
+WRIST = {"task.input_shapes.robot0_eye_in_hand_image": "[3,84,84]"}
 FULL, FIB, LOOKHERE = {"attention": "full"}, {"attention": "fibottention"}, {"attention": "lookhere"}
 RESNET = {"attention": "full", "policy.encoder": "resnet18"}  # the field's default encoder: no attention (configs/encoder/resnet18.yaml)
 ENCODERS = (FULL, FIB, LOOKHERE)
@@ -14,10 +25,10 @@ AUTHORS = ({**FIB, "attention.windows": "robot"}, {**FIB, "attention.mask_mode":
 CLEAN = {"num_episodes": "{episodes}", "workers": "{workers}"}
 AT_HORIZON = {"num_episodes": "{shifted_episodes}", "workers": "{workers}"}  # Can and PushT: their successes take longer
 SHIFTED = {**AT_HORIZON, "max_steps": "200"}  # Lift: no success in 110 such episodes took 80 steps
-CORRUPTIONS = {"brightness1": "brightness:1", "contrast2": "contrast:2"}
+CORRUPTIONS = {s.tag: str(s) for s in PAPERS_PIXEL}  # setting name -> rollout.py's corruption=, e.g. brightness1: brightness:1
 # recipe=cpu as shipped: its photometric jitter (configs/recipe/preset/photometric_aug.yaml), which the
-# papers'-setting cells turn off (studies.evidence.AUGMENT); measured under the four pixel corruptions at severity 2 (brightness 1)
-RECIPE_CORRUPTIONS = {**CORRUPTIONS, "gaussian_noise2": "gaussian_noise:2", "blur2": "blur:2"}
+# papers'-setting cells turn off (AUGMENT, above); measured under the four pixel corruptions at severity 2 (brightness 1)
+RECIPE_CORRUPTIONS = {s.tag: str(s) for s in RECIPE_PIXEL}
 
 
 def corrupted(options: dict, corruptions: dict) -> dict:
@@ -26,7 +37,7 @@ def corrupted(options: dict, corruptions: dict) -> dict:
 
 # training that survives the scene (Lift BC, recipe=cpu with its jitter): DrQ's random shift, with hue and saturation
 # jitter beside it, and demonstrations rendered under randomised scenes (generate_demos.py scene_randomization=all,
-# severities up to envs.scene_shifts.TRAINING_RANGE = 2: severity 3 is out of the training range)
+# severities up to envs.shifts.TRAINING_RANGE = 2: severity 3 is out of the training range)
 SCENE_TRAINING = (AUGMENT, {**AUGMENT, **SHIFT}, {**AUGMENT, **SHIFT, **COLOUR}, {**AUGMENT, **RANDOMISED},
                   {**AUGMENT, **RANDOMISED, **SHIFT, **COLOUR},
                   # hue/saturation without the shift: the shift made every policy stop looking (probes.vision_reliance)
@@ -37,10 +48,10 @@ SCENE_TRAINING = (AUGMENT, {**AUGMENT, **SHIFT}, {**AUGMENT, **SHIFT, **COLOUR},
 
 def scene_shifts(task: str, severities=SCENE_SEVERITIES) -> dict:
     """The scene shifts ``task`` renders (PushT has no light), at each of ``severities``."""
-    return {f"{kind}{s}": f"{kind}:{s}" for kind in scene_kinds_of(task) for s in severities}
+    return {s.tag: str(s) for s in scene_set(task, severities)}
 
 
-AT_2 = (2,)  # severity 2 alone: the level the claims compare (inside the training range of randomised demonstrations)
+AT_2 = (COMPARED_SEVERITY,)  # severity 2 alone: the level the claims compare (inside the training range of randomised demonstrations)
 
 
 LARGER = {f"{n}px": {**SHIFTED, "image_size": str(n)} for n in (112, 128)}

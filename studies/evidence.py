@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from envs.scene_shifts import SCENE_KINDS, scene_kinds_of
+from envs.shifts import COMPARED_SEVERITY, PAPERS_PIXEL, RECIPE_PIXEL, SCENE_KINDS, Shift, scene_kinds_of
+from studies.catalog import AUGMENT, COLOUR, PER_IMAGE, RANDOMISED, SHIFT, WRIST
 
 
 @dataclass(frozen=True)
@@ -77,21 +78,28 @@ LOOKHERE = Arm("LookHere-90", "lookhere")
 BIGBIRD = Arm("BigBird", "bigbird")
 # the field's default encoder (policies/vision/resnet.py): no attention, so its runs record attention=full
 RESNET = Arm("ResNet-18", "full", {"policy.encoder": "resnet18"})
-PER_IMAGE = {"policy.vit.input_norm": "per_image"}
-AUGMENT = {"policy.image_aug.brightness": "0.3", "policy.image_aug.contrast": "0.5"}  # torchvision ColorJitter per image
 PLAIN_LOOKHERE = {"attention.global_slope": "1.0", "attention.rotate_directions": "false", "policy.vit.patch_size": "8",
                   "policy.vit.pool": "cls", "~task.input_shapes.robot0_eye_in_hand_image": None}
 
-BRIGHTNESS, CONTRAST = {"corruption": [["brightness", 1]]}, {"corruption": [["contrast", 2]]}
+def condition(shift: Shift) -> dict:
+    """A shift as records hold it (inference options: ``{"corruption": [[kind, severity]]}``)."""
+    return {"corruption": [list(shift)]}
+
+
+def shifted(shifts) -> list[Setting]:
+    return [Setting(s.label, condition(s)) for s in shifts]
+
+
+BRIGHTNESS, CONTRAST = map(condition, PAPERS_PIXEL)
 CLEAN = [Setting("clean")]
-CORRUPTED = [Setting("brightness 1", BRIGHTNESS), Setting("contrast 2", CONTRAST)]
+CORRUPTED = shifted(PAPERS_PIXEL)
 SCARCE = [Setting(f"{n} demonstrations", overrides={"train.max_episodes": str(n)}) for n in (10, 25, 50)]
 LARGER = [Setting(f"rendered at {n} px", {"image_size": n}) for n in (112, 128)]
 # LookHere's global slope scaled by the training size over the rendered one, as the paper does
 SLOPE_SCALED = [Setting(f"rendered at {n} px", {"image_size": n, "attention": {"global_slope": 84 / n}}) for n in (112, 128)]
 # rendered scene shifts at severity 2 (in the training range of randomised demonstrations): the papers' setting, and
 # both arms with recipe=cpu's jitter
-SCENE = [Setting(f"{kind} 2", {"corruption": [[kind, 2]]}) for kind in SCENE_KINDS]
+SCENE = shifted(Shift(kind, COMPARED_SEVERITY) for kind in SCENE_KINDS)
 
 
 def jittered(settings: list[Setting]) -> list[Setting]:
@@ -107,7 +115,7 @@ def scene(task: str) -> list[Setting]:
 SCENE_JITTER = jittered(SCENE)
 # the field's default encoder under the recipe's evaluation (four pixel corruptions) and the scene shifts,
 # in the papers' setting and with recipe=cpu's jitter
-PIXEL = [*CORRUPTED, Setting("gaussian noise 2", {"corruption": [["gaussian_noise", 2]]}), Setting("blur 2", {"corruption": [["blur", 2]]})]
+PIXEL = shifted(RECIPE_PIXEL)
 EVERY_SHIFT = [*CLEAN, *PIXEL, *SCENE]
 EVERY_SHIFT_JITTER = jittered(EVERY_SHIFT)
 DIVERSITY = [Setting("1 − mean pairwise CKA of the heads' outputs")]
@@ -167,15 +175,6 @@ VERDICT_SEEDS = 3  # training seeds per side that a verdict needs (one checkpoin
 FEW = f"fewer than {VERDICT_SEEDS} seeds"  # a task whose rows all rest on fewer seeds than a verdict needs
 COLLAPSE = 0.5  # a seed "collapses" under a corruption below this success rate (full attention keeps about 0.9)
 LOTTERY = [(*ROBUSTNESS, arm, s.condition) for arm in (FULL, FIB, LOOKHERE, BIGBIRD) for s in CORRUPTED]
-# training that survives the scene (study scene_training), each on top of recipe=cpu's jitter
-SHIFT = {"policy.image_aug.shift": "4"}  # DrQ's 4 px on 84-px images
-COLOUR = {"policy.image_aug.hue": "0.1", "policy.image_aug.saturation": "0.5"}
-# generate_demos.py task=lift out=data/lift/ph_image_scene.hdf5 scene_randomization=all (severities up to
-# envs.scene_shifts.TRAINING_RANGE = 2: severity 3 lies outside the training range)
-RANDOMISED = {"task.dataset.path": "data/lift/ph_image_scene.hdf5"}
-# the wrist camera beside agentview (robomimic's image observations): a view that a moved agentview does not move.
-# The command line's form; the records name it "+task..." (recipe=cpu drops the key that task=lift has)
-WRIST = {"task.input_shapes.robot0_eye_in_hand_image": "[3,84,84]"}
 SCENE_FIX = {"study": "scene_training", "base": AUGMENT, "base_label": "recipe=cpu's jitter"}
 FIXES = {"per-image": Fix("per-image input", PER_IMAGE, (FULL, FIB)),
          "augment": Fix("photometric augmentation", AUGMENT, (FULL, FIB, LOOKHERE)),

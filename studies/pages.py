@@ -14,6 +14,7 @@ import numpy as np
 
 from core.preflight import replace_file
 from core.stats import ALPHA, EQUIVALENCE_FLOOR, EQUIVALENCE_MARGIN, N_BOOT, UNRESOLVED, bootstrap_difference, bootstrap_rate
+from envs.shifts import Shift
 from studies.catalog import SHIFTED
 from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, FULL, PIXEL, README_CONDITIONS, README_ROWS, RECIPES, TASKS,
                               VERDICT_SEEDS, scene)
@@ -161,7 +162,7 @@ def recipes_block(records: dict, rows: list[dict]) -> str:
 
 
 def shift_text(recs, recipe, condition) -> str:
-    (full, *_), name = percent_cells(recs, recipe, condition), " ".join(f"{k} {s}" for k, s in condition["corruption"])
+    (full, *_), name = percent_cells(recs, recipe, condition), " ".join(Shift(*s).label for s in condition["corruption"])
     return f"{name} {pct_text(bootstrap_rate(outcomes(full)))}" if full else f"{name} —"
 
 
@@ -171,7 +172,7 @@ def against_full(recs, recipe, arm, conditions: list[dict]) -> str:
     for c in conditions:
         a, b = pair(recs, recipe.task, recipe.policy, arm, c, recipe.arms[0])
         if a and b and (c == {} or (d := effect_against(a, b)).lo > 0 or d.hi < 0):
-            name = " ".join(f"{k} {s}" for k, s in c.get("corruption", [])) or "clean"
+            name = " ".join(Shift(*s).label for s in c.get("corruption", [])) or "clean"
             out.append(f"{name} {pct(effect_against(a, b))}")
     return "; ".join(out) or "—"
 

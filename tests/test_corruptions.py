@@ -1,16 +1,10 @@
-"""Camera corruptions and the one vocabulary of shifts (``envs/corruptions.py``)."""
+"""Camera corruptions (``envs/corruptions.py``) and the one vocabulary of shifts (``envs/shifts.py``)."""
 import numpy as np
 import pytest
 
-from envs.corruptions import (
-    CorruptionError,
-    Shift,
-    corrupt,
-    obs_corruptor,
-    parse_shifts,
-    shift_tag,
-    split_stages,
-)
+from envs.corruptions import corrupt, obs_corruptor
+from envs.shifts import (RECIPE_PIXEL, SCENE_KINDS, Shift, ShiftError, parse_randomised_kinds, parse_shifts, scene_set,
+                         shift_tag, split_stages)
 
 # One pixel (row 5, column 9) of each of the four kinds of before at severities 1, 2, 3, computed with the
 # hand-written code as it was before the library kinds came (committed records are named by these kinds).
@@ -58,7 +52,7 @@ def test_imagenet_c_kinds_come_from_the_library_at_five_severities(kind):
 @pytest.mark.parametrize("bad", [42, True, {"brightness": 1}, "brightness", "brightness:4", "brightness:x",
                                  "brightness:1:2", "jpeg_compression:6", "rain:1", "lighting:4", [("blur", "1")]])
 def test_a_malformed_value_is_refused_in_one_line(bad):
-    with pytest.raises(CorruptionError, match="give KIND:SEVERITY") as err:
+    with pytest.raises(ShiftError, match="give KIND:SEVERITY") as err:
         parse_shifts(bad)
     assert "\n" not in str(err.value) and str(err.value).startswith("corruption=")
 
@@ -75,11 +69,11 @@ def test_one_parser_tells_stage_and_tag_and_keeps_the_tags_of_before():
 
 
 def test_a_scene_shift_the_task_cannot_render_is_refused_naming_what_it_can():
-    with pytest.raises(CorruptionError) as err:
+    with pytest.raises(ShiftError) as err:
         parse_shifts("lighting:2", task="pusht", option="shift")
     assert str(err.value) == ("shift=lighting:2: the pusht task cannot render a lighting shift; "
                               "its scene shifts: colour, camera")
-    with pytest.raises(CorruptionError, match="give each scene shift once"):
+    with pytest.raises(ShiftError, match="give each scene shift once"):
         parse_shifts(["camera:1", "camera:2"], task="lift")
     assert parse_shifts(["brightness:1", "brightness:2"]) == [("brightness", 1), ("brightness", 2)]
 
@@ -89,3 +83,24 @@ def test_obs_corruptor_leaves_scene_shifts_to_the_environment():
     assert obs_corruptor([], ["cam"])({"cam": img})["cam"] is img
     with pytest.raises(ValueError, match="lighting:1: a scene shift is rendered by the environment"):
         obs_corruptor([("brightness", 1), ("lighting", 1)], ["cam"])
+
+
+def test_the_named_sets_are_shifts_spelt_one_way():
+    # the four pixel corruptions the recipes are measured under, and every scene shift a task renders
+    assert RECIPE_PIXEL == (("brightness", 1), ("contrast", 2), ("gaussian_noise", 2), ("blur", 2))
+    assert [(s.tag, str(s), s.label) for s in RECIPE_PIXEL[2:]] == [("gaussian_noise2", "gaussian_noise:2", "gaussian noise 2"),
+                                                                  ("blur2", "blur:2", "blur 2")]
+    assert scene_set("pusht", (2,)) == (("colour", 2), ("camera", 2)) and len(scene_set("lift")) == 3 * len(SCENE_KINDS)
+    assert [parse_shifts(str(s), task="can") for s in scene_set("can")] == [[s] for s in scene_set("can")]
+
+
+def test_evaluation_shifts_and_randomised_demonstrations_check_kinds_alike():
+    """One check of a scene kind for both parsers: the same refusal, a ShiftError, for a kind the task cannot render."""
+    with pytest.raises(ShiftError, match="the pusht task cannot render a lighting shift; its scene shifts: colour, camera"):
+        parse_randomised_kinds(["lighting"], 2, "pusht")
+    with pytest.raises(ShiftError, match="the pusht task cannot render a lighting shift; its scene shifts: colour, camera"):
+        parse_shifts("lighting:2", task="pusht")
+    with pytest.raises(ShiftError, match="scene_randomization=blur: not a scene shift"):  # a pixel kind is no scene
+        parse_randomised_kinds("blur", 2, "lift")
+    assert parse_randomised_kinds("all", 2, "pusht") == (("colour", "camera"), 2) and parse_randomised_kinds([], 2, "lift") is None
+    assert ShiftError.__name__ == "ShiftError" and issubclass(ShiftError, ValueError)  # the CLIs print a ValueError's line

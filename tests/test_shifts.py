@@ -7,7 +7,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from envs.corruptions import CorruptionError  # noqa: E402
+from envs.shifts import ShiftError  # noqa: E402
 from envs.factory import EnvPool, env_kwargs_from_task  # noqa: E402
 
 SEED = 100_003
@@ -97,11 +97,11 @@ def test_pusht_colour_and_camera_through_its_own_drawing():
 def test_a_kind_the_task_cannot_render_is_refused_in_one_line():
     from envs.pusht import PushTEnv
 
-    with pytest.raises(CorruptionError) as err:
+    with pytest.raises(ShiftError) as err:
         PushTEnv(scene_shifts=[("lighting", 1)])
     assert str(err.value) == ("scene_shifts=lighting:1: the pusht task cannot render a lighting shift; "
                               "its scene shifts: colour, camera")
-    with pytest.raises(CorruptionError, match="brightness:1: a pixel corruption applies to observations"):
+    with pytest.raises(ShiftError, match="brightness:1: a pixel corruption applies to observations"):
         PushTEnv(scene_shifts=["brightness:1"])
 
 
