@@ -15,6 +15,7 @@ nothing heavy for that reason.
 """
 from __future__ import annotations
 
+import argparse
 import errno
 import functools
 import os
@@ -32,6 +33,28 @@ WRITE_ERRNOS = {errno.ENOSPC: "free space or choose another folder", errno.EDQUO
 
 def is_write_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse for the ``python -m`` commands: a bad option is one line (``PROG: error: ...``, exit 2), without
+    the usage block argparse prints above it, like every other refusal of the package."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def at_least(least: int):
+    """argparse type: an integer of at least ``least``, refused in one line before any work."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer of at least {least}")
+        return value
+    parse.__name__ = f"integer >= {least}"
+    return parse
 
 
 class Interrupted(KeyboardInterrupt):
@@ -65,7 +88,7 @@ def _message(exc: BaseException) -> str:
         return f"cannot write {exc.filename} (permission denied); make it writable or choose another path"
     if is_write_error(exc):
         where = f"{exc.filename}: " if exc.filename and str(exc.filename) not in str(exc.strerror) else ""
-        return f"{where}{exc.strerror or exc}; {WRITE_ERRNOS[exc.errno]} (what finished before it is kept)"
+        return f"{where}{exc.strerror or exc}; {WRITE_ERRNOS[exc.errno]}"
     return " ".join(str(exc).split("\n"))
 
 

@@ -29,27 +29,31 @@ def check_eval_dir(out_dir, checkpoint) -> None:
     ``last`` and would take the evaluation with it), has no folder name the filesystem refuses, and, inside a
     run, reaches no symbolic link. One line each."""
     out = Path(out_dir)
+    _check_name_length(out)
     check_output_dir(out, "out_dir")
     for folder in (out, *out.parents):
         if (folder / "model.safetensors").exists() or folder.name == "checkpoints" and is_run(folder.parent):
             raise ValueError(f"out_dir={out} is inside the checkpoint folder {folder}: a resumed training replaces "
                              f"it and the evaluation would go with it; write under {run_of(checkpoint) / 'eval'}")
-    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
-    longest = max(out.parts, key=len)
-    limit = _name_max(existing)
-    if len(longest.encode()) > limit:
-        raise ValueError(f"out_dir={out} has a folder name of {len(longest.encode())} bytes ({longest[:40]}...); the "
-                         f"filesystem takes at most {limit}: give a shorter out_dir=")
     run = next((p for p in out.parents if is_run(p)), None)
     if run is not None:
         run_path(run, str(out.relative_to(run)))
 
 
-def _name_max(folder: Path) -> int:
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        return NAME_MAX
+def _check_name_length(out: Path) -> None:
+    """A folder name longer than the filesystem takes is refused by name, before anything is asked of the disk."""
+    longest = max(out.parts, key=lambda part: len(part.encode()))
+    limit = NAME_MAX
+    for folder in out.parents:
+        try:
+            if folder.is_dir():
+                limit = os.pathconf(folder, "PC_NAME_MAX")
+                break
+        except (OSError, ValueError):
+            continue
+    if len(longest.encode()) > limit:
+        raise ValueError(f"out_dir= has a folder name of {len(longest.encode())} bytes ({longest[:24]}...); the "
+                         f"filesystem takes at most {limit}: give a shorter out_dir=")
 
 
 def default_out_dir(checkpoint: Path, seed: int, options: dict) -> Path:

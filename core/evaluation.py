@@ -250,8 +250,10 @@ def _videos_in_progress(out_dir: Path) -> Path:
 
 
 def _publish(out_dir: Path, summary: dict, filmed: Path | None) -> None:
-    """The finished evaluation takes the folder: the earlier evaluation's videos (episode_*.mp4, which the
-    package wrote) go, this one's take their place, then its summary is written."""
+    """The finished evaluation takes the folder: its summary first (whole or not at all: a full disk leaves the
+    earlier evaluation as it was), then the earlier evaluation's videos (episode_*.mp4, which the package
+    wrote) go and this one's take their place (renames, which need no space)."""
+    _write_summary(out_dir, summary)
     videos = Path(out_dir) / VIDEOS
     if videos.is_dir() and not videos.is_symlink():
         for old in videos.glob("episode_*.mp4"):
@@ -265,7 +267,6 @@ def _publish(out_dir: Path, summary: dict, filmed: Path | None) -> None:
             filmed.rmdir()
         else:
             filmed.replace(videos)
-    _write_summary(out_dir, summary)
 
 
 def _observation_changes(inference: InferenceOverrides, image_keys: list[str], obs_transform=None) -> tuple[list, Any]:
@@ -443,6 +444,7 @@ def run(cfg: RolloutConfig) -> dict:
         torch.set_num_threads(cfg.num_threads)
     ckpt = resolve_checkpoint(cfg.checkpoint)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else rollout_out_dir(cfg, ckpt)
+    check_eval_dir(out_dir, ckpt)  # before anything looks inside it: a name too long, a checkpoint folder
     written = WrittenFiles(out_dir)
     # the matched clean run: same checkpoint, seeds and options, no corruption
     clean_dir = (out_dir.parent / "clean") if cfg.out_dir else rollout_out_dir(dataclasses.replace(cfg, corruption=None), ckpt)

@@ -61,20 +61,26 @@ class GenerateConfig:
     # frames rendered under a scene drawn per episode from its seed (envs/scene_shifts.py, the evaluation's
     # shifts): scene kinds, e.g. [lighting,colour,camera] or all (every kind the task renders); none: clean
     scene_randomization: Optional[Any] = None
-    # each kind's severity is drawn uniformly in [0, this] (1-3); an evaluation severity above it is out of range
-    scene_randomization_max: int = TRAINING_RANGE
+    # each kind's severity is drawn uniformly in [0, this] (1-3; None: TRAINING_RANGE); an evaluation severity
+    # above it is out of range. Only with scene_randomization= (alone it would change nothing, so it is refused)
+    scene_randomization_max: Optional[int] = None
 
     def __post_init__(self):
         for name, low in (("num_episodes", 1), ("workers", 1), ("max_attempts", 1), ("image_size", 1), ("seed", 0)):
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        if self.scene_randomization is None and self.scene_randomization_max is not None:
+            raise ValueError(f"scene_randomization_max={self.scene_randomization_max} without scene_randomization= changes "
+                             f"nothing (the demonstrations would be clean): add scene_randomization=all or the kinds "
+                             f"(e.g. scene_randomization=[lighting,colour]), or drop scene_randomization_max=")
         task = getattr(self.task, "name", self.task)
         if isinstance(task, str) and task in TASKS:  # at composition: refused before any environment starts
-            parse_scene_randomization(self.scene_randomization, self.scene_randomization_max, task)
+            self.randomization(task)
 
-    def randomization(self) -> SceneRandomization | None:
-        return parse_scene_randomization(self.scene_randomization, self.scene_randomization_max, self.task.name)
+    def randomization(self, task: str | None = None) -> SceneRandomization | None:
+        max_severity = TRAINING_RANGE if self.scene_randomization_max is None else self.scene_randomization_max
+        return parse_scene_randomization(self.scene_randomization, max_severity, task or self.task.name)
 
 
 def _is_dataset(out: Path, task: str) -> bool:

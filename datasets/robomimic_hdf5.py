@@ -362,6 +362,17 @@ def _image_case(data: h5py.Group, used: list[tuple[str, int]], src: str, path, w
     return case
 
 
+def _empty_demos(demos: list[str], lengths, path) -> str:
+    """The refusal of demos without a sample ("" if none): an empty episode is not a demonstration, and left
+    out silently it would shift the train/validation split (a validation set of nothing)."""
+    empty = [d for d, n in zip(demos, lengths) if n <= 0]
+    if not empty:
+        return ""
+    more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
+    return (f"{path}: data/{empty[0]}{more} has no samples (0 steps): an empty episode is not a demonstration; "
+            f"delete it (and its name in mask/*) from the file, or regenerate the dataset")
+
+
 def read_robomimic_hdf5(
     path: str | os.PathLike, obs_keys: list[str] | None = None, filter_key: str | None = None,
     max_episodes: int | None = None,
@@ -371,7 +382,7 @@ def read_robomimic_hdf5(
     Args:
         obs_keys: observation keys to load (default: all keys of the first demo's ``obs``).
         filter_key: a ``mask/<filter_key>`` subset such as "train" or "valid" (default: all demos).
-        max_episodes: read only the first N (non-empty) demos.
+        max_episodes: read only the first N demos.
 
     Returns EpisodeData with ``data = {obs_key: (N, ...), "action": (N, A)}`` over demos sorted by
     their number, and meta ``{"env_args", "format", "path", "filter_key", "demos", "env_name"}``.
@@ -383,11 +394,9 @@ def read_robomimic_hdf5(
         data = f["data"]
         keys = _obs_keys(data[demos[0]], obs_keys, path)
         lengths = [_num_samples(data[d]) for d in demos]
-        used = [(d, n) for d, n in zip(demos, lengths) if n > 0]
-        skipped = [d for d, n in zip(demos, lengths) if n <= 0]
-        if not used:
-            raise RobomimicFormatError(f"{path}: all selected demos are empty")
-        used = used[:max_episodes]  # the first N only: the rest is neither allocated nor read
+        if empty := _empty_demos(demos, lengths, path):
+            raise RobomimicFormatError(empty)
+        used = list(zip(demos, lengths))[:max_episodes]  # the first N only: the rest is neither allocated nor read
         sources = {"action": "actions", **{k: f"obs/{k}" for k in keys}}
         out, image_cases = _allocate(data, used, sources, path)
         start = 0
@@ -405,8 +414,6 @@ def read_robomimic_hdf5(
         "filter_key": filter_key,
         "demos": [d for d, _ in used],
     }
-    if skipped:
-        meta["skipped_empty_demos"] = skipped
     return EpisodeData(out, np.cumsum([n for _, n in used]), meta)
 
 
@@ -474,7 +481,8 @@ def describe_robomimic_hdf5(path: str | os.PathLike) -> dict:
         used = [(d, n) for d, n in zip(demos, lengths) if n > 0]
         obs_keys = sorted(g0["obs"].keys()) if "obs" in g0 else []
         image_srcs = [f"obs/{k}" for k in obs_keys if is_image(g0["obs"][k].shape)]
-        problems = _image_problems(data, used, image_srcs, keys, path)
+        problems = [empty] if (empty := _empty_demos(demos, lengths, path)) else []
+        problems += _image_problems(data, used, image_srcs, keys, path)
         lowdim = ["actions"] + [f"obs/{k}" for k in obs_keys if f"obs/{k}" not in image_srcs]
         problems += _lowdim_problems(data, used, lowdim, path)
         chunk_problems, a_min, a_max = _full_read(data, demos, lengths, image_srcs, path)

@@ -13,7 +13,6 @@ measure with it across the checkpoints says which measure predicts the rollouts.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +56,28 @@ def first_actions(policy, batch: dict[str, np.ndarray]) -> torch.Tensor:
 
 
 def rollout_success(checkpoint, kind: str, severity: int) -> float | None:
-    path = Path(checkpoint) / "eval" / f"{kind}{severity}" / "summary.json"
-    return json.loads(path.read_text())["success_rate"] if path.exists() else None
+    """The success of this checkpoint's rollouts under the corruption (the study's folder), or None where there
+    are none that evaluate these weights: a summary of another checkpoint, an unfinished or damaged one is
+    named on stderr and not counted."""
+    import sys
+
+    from core.eval_folders import run_of
+    from core.eval_identity import NotComparable, complete_identity, read_summary, weights_sha256
+    from core.rundir import run_path
+    from policies.checkpoint import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(checkpoint)
+    path = run_path(run_of(ckpt), "eval", f"{kind}{severity}", "summary.json")
+    if not path.exists():
+        return None
+    try:
+        summary = read_summary(path)
+        if complete_identity(summary, path)["weights_sha256"] != weights_sha256(ckpt):
+            raise NotComparable(f"{path} evaluates other weights than {ckpt}")
+    except NotComparable as exc:
+        print(f"note: {exc}; its rollout success is not used", file=sys.stderr)
+        return None
+    return summary["success_rate"]
 
 
 def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
@@ -111,7 +130,7 @@ def correlations(results: list[dict]) -> dict[str, float]:
 
 
 def main(argv=None):
-    args, results = measure_all(argv, "python -m probes.action_shift", __doc__, measure)
+    args, results = measure_all(argv, "python -m probes.action_shift", __doc__, measure, vit_only=False)
     print(f"{'checkpoint':40s} {'arm error clean -> corrupted':>28s} {'change':>7s} {'bias':>6s} {'gripper':>8s} {'feature':>8s} {'rollout':>8s}")
     for r in results:
         e, s, g = r["action_error"], r["rollout_success"], r["gripper_flips"]

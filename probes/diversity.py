@@ -9,7 +9,6 @@ encoder's layers on ``--frames`` dataset frames, evenly spaced; each run becomes
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -68,23 +67,28 @@ def encoder_layers(run_dir: Path, frames: int) -> list[float]:
 
 
 def main(argv=None):
+    from core.cli import OneLineParser, at_least
+    from policies.checkpoint import read_checkpoint_meta
     from studies.records import Record, run_fields, save
 
-    parser = argparse.ArgumentParser(prog="python -m probes.diversity", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m probes.diversity", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="training run directories")
     parser.add_argument("--study", default="diversity", help="records go to RESULTS/STUDY/records.jsonl")
     parser.add_argument("--results", default="results")
     parser.add_argument("--recipe", default="cpu", help="the recipe the runs were trained with")
-    parser.add_argument("--frames", type=int, default=FRAMES)
+    parser.add_argument("--frames", type=at_least(2), default=FRAMES)  # CKA over frames needs two
     args = parser.parse_args(argv)
     try:
+        for run in args.runs:  # every run's encoder before the first is measured
+            if (encoder := read_checkpoint_meta(run)["policy_config"].get("encoder", "vit")) != "vit":
+                raise ValueError(f"{run} has encoder {encoder}: head diversity is a ViT's; give ViT runs")
         records = []
         for run in map(Path, args.runs):
             layers = encoder_layers(run, args.frames)
             records.append(Record(**run_fields(run, args.recipe), condition={}, measure="head_diversity", value=float(np.mean(layers)),
                                   detail={"frames": args.frames, "layers": layers}))
             print(f"{run}: head diversity {records[-1].value:.3f} (per layer {', '.join(f'{v:.3f}' for v in layers)})")
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, OSError, KeyError) as exc:
         parser.error(" ".join(str(exc).split()))
     print(f"{args.study}: {save(Path(args.results), args.study, records)} new or changed records; python -m studies.claims compares them")
     return records

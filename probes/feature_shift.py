@@ -105,20 +105,30 @@ def corruption_arg(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def measure_all(argv, prog: str, doc: str, measure, corruption: bool = True) -> tuple[argparse.Namespace, list[dict]]:
+def measure_all(argv, prog: str, doc: str, measure, corruption: bool = True, vit_only: bool = True) -> tuple[argparse.Namespace, list[dict]]:
     """The probes' command line: ``measure`` every checkpoint (under ``--corruption`` unless the probe takes
-    none); a missing or wrong one ends in one line."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    none); a bad option, a missing or wrong checkpoint, or (``vit_only``: the probe reads a ViT's stages) a
+    checkpoint of another encoder ends in one line, the options before anything loads."""
+    from core.cli import OneLineParser, at_least
+    from core.preflight import check_output_dir
+
+    parser = OneLineParser(prog=prog, description=doc.splitlines()[0])
     parser.add_argument("checkpoints", nargs="+")
-    parser.add_argument("--frames", type=int, default=48)
+    parser.add_argument("--frames", type=at_least(1), default=48)
     if corruption:
         parser.add_argument("--corruption", type=corruption_arg, default="brightness:1", help="KIND:SEVERITY, e.g. contrast:2")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     shift = args.corruption if corruption else ()
     try:
+        if args.json:
+            check_output_dir(Path(args.json).parent, "--json's folder")
+        for c in args.checkpoints:
+            encoder = read_checkpoint_meta(c)["policy_config"].get("encoder", "vit")
+            if vit_only and encoder != "vit":
+                raise ValueError(f"{c} has encoder {encoder}: {prog} reads a ViT's stages; give ViT checkpoints")
         results = [measure(c, args.frames, *shift) for c in args.checkpoints]
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, OSError, KeyError) as exc:
         parser.error(" ".join(str(exc).split("\n")))
     if corruption:
         args.corruption = "{}:{}".format(*shift)

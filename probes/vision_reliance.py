@@ -52,7 +52,7 @@ def measure(checkpoint, frames: int) -> dict:
 
 
 def main(argv=None):
-    args, results = measure_all(argv, "python -m probes.vision_reliance", __doc__, measure, corruption=False)
+    args, results = measure_all(argv, "python -m probes.vision_reliance", __doc__, measure, corruption=False, vit_only=False)
     print(f"{'checkpoint':40s} {'reliance':>9s} {'change':>8s} {'spread':>8s} {'arm error own -> swapped':>26s}")
     for r in results:
         e = r["action_error"]

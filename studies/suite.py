@@ -15,7 +15,6 @@ A checkpoint folder given as RUN writes into its run's eval/, never inside the c
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -183,20 +182,17 @@ def _plot(path: Path, summaries: dict[str, dict]) -> None:
     save_png(fig, path, dpi=100)
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message):  # a bad option is one line, like every other refusal of the package
-        sys.exit(f"{PROG}: error: {message}")
-
-
 def main(argv=None) -> None:
+    from core.cli import OneLineParser, at_least
+
     defaults = SuiteOptions()
-    ap = _OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a train_policy.py run_dir or a checkpoint folder")
     ap.add_argument("--suite", default="standard", help=f"one of {', '.join(SUITES)}")
-    ap.add_argument("--workers", type=int, default=defaults.workers)
-    ap.add_argument("--episodes", type=int, default=defaults.episodes, help="per shifted setting")
-    ap.add_argument("--clean-episodes", type=int, default=defaults.clean_episodes)
-    ap.add_argument("--max-steps", type=int, default=defaults.max_steps, help="the task's horizon unless given")
+    ap.add_argument("--workers", type=at_least(0), default=defaults.workers)
+    ap.add_argument("--episodes", type=at_least(1), default=defaults.episodes, help="per shifted setting")
+    ap.add_argument("--clean-episodes", type=at_least(1), default=defaults.clean_episodes)
+    ap.add_argument("--max-steps", type=at_least(1), default=defaults.max_steps, help="the task's horizon unless given")
     args = ap.parse_args(argv)
     try:
         options = SuiteOptions(args.workers, args.episodes, args.clean_episodes, args.max_steps)
