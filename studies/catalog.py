@@ -72,19 +72,21 @@ STUDIES = {s.name: s for s in [
     # pixel corruptions and the scene shifts the task renders; on PushT full attention's three seeds showed the
     # jitter's clean cost (the recipe dropped it there), so no other encoder is trained with it
     *(Study(f"{task}_recipe", (task,), (policy,), arms,
-            {"clean": CLEAN, **corrupted(AT_HORIZON, {**RECIPE_CORRUPTIONS, **scene_shifts(task, AT_2)})}, variants=(AUGMENT,))
+            {"clean": CLEAN, **corrupted(AT_HORIZON, {**RECIPE_CORRUPTIONS, **scene_shifts(task, AT_2)})}, variants=(AUGMENT,),
+            shares=(task,))  # the jitter set against the task's papers'-setting cells
       for task, policy, arms in (("can", "bc", ENCODERS), ("pusht", "diffusion", (FULL,)))),
     Study("scene_training", ("lift",), ("bc",), (FULL, FIB),
           {"clean": CLEAN, **corrupted(SHIFTED, {**scene_shifts("lift"), **RECIPE_CORRUPTIONS})}, variants=SCENE_TRAINING),
     # the variant that kept Lift's clean success (hue/saturation) on the other two tasks, on top of each task's recipe
     # (Can's jitter; PushT's papers' setting), under the shifts its scene renders at every severity
     *(Study(f"{task}_scene_training", (task,), (policy,), (FULL, FIB),
-            {"clean": CLEAN, **corrupted(AT_HORIZON, {**scene_shifts(task), **RECIPE_CORRUPTIONS})}, variants=(variant,))
-      for task, policy, variant in (("can", "bc", {**AUGMENT, **COLOUR}), ("pusht", "diffusion", COLOUR))),
+            {"clean": CLEAN, **corrupted(AT_HORIZON, {**scene_shifts(task), **RECIPE_CORRUPTIONS})}, variants=(variant,),
+            shares=(recipe,))  # set against the task's recipe: Can's jitter cells, PushT's papers' setting
+      for task, policy, variant, recipe in (("can", "bc", {**AUGMENT, **COLOUR}, "can_recipe"), ("pusht", "diffusion", COLOUR, "pusht"))),
     # the field's default encoder beside the three ViTs, in the papers' setting and with recipe=cpu's jitter (the ViT
     # cells are those of robustness and scene_training: same overrides, same run directories)
     Study("encoders", ("lift",), ("bc",), (RESNET, *ENCODERS), {"clean": CLEAN, **corrupted(SHIFTED, {**RECIPE_CORRUPTIONS, **scene_shifts("lift", AT_2)})},
-          variants=({}, AUGMENT)),
+          variants=({}, AUGMENT), shares=("robustness", "scene_training")),
     Study("resolution", ("lift",), ("bc",), ENCODERS, {"clean": CLEAN, **LARGER, **SLOPE_SCALED},
           only={name: LOOKHERE for name in SLOPE_SCALED}),
 ]}

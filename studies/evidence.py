@@ -44,7 +44,6 @@ class Claim:
     measure: str = "success"
     sign: int = 1  # the side of 0 the paper claims
     side_only: bool = False  # a baseline method that claims nothing: its verdict names the side of full attention
-    also: tuple = ()  # other studies holding the same cells (the encoders study's ViT cells are robustness's, scene_training's)
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,6 @@ class Fix:  # a training-side fix, measured per encoder and condition (claims.md
     overrides: dict
     encoders: tuple
     study: str = "robustness"
-    also: tuple = ()  # other studies whose records hold cells without the fix (a task's papers'-setting study)
     task: str = "lift"
     policy: str = "bc"
     base: dict = field(default_factory=dict)  # training both sides share, the fix added on top (e.g. recipe=cpu's jitter)
@@ -158,11 +156,11 @@ CLAIMS = [
     *grid(f"{SCENE_ROBUST} (Fibottention)", [PUSHT], [FIB], scene("pusht")),
     *grid(f"{SCENE_ROBUST} (LookHere)", [ROBUSTNESS], [LOOKHERE], SCENE),
     # LookHere with the jitter: the encoders study's cells; full attention's are scene_training's (its variant 0)
-    *grid(f"{SCENE_ROBUST} (LookHere)", [("encoders", *LIFT)], [LOOKHERE], SCENE_JITTER, also=("robustness", "scene_training")),
+    *grid(f"{SCENE_ROBUST} (LookHere)", [("encoders", *LIFT)], [LOOKHERE], SCENE_JITTER),
     *grid(f"{SCENE_ROBUST} (LookHere)", [RECIPE_TASKS[0]], [LOOKHERE], jittered(scene("can"))),
     *grid(f"{SCENE_ROBUST} (LookHere)", [PUSHT], [LOOKHERE], scene("pusht")),
     *grid("The field's default encoder (ResNet-18; no claim)", [("encoders", *LIFT)], [RESNET], EVERY_SHIFT + EVERY_SHIFT_JITTER,
-          side_only=True, also=("robustness", "scene_training")),
+          side_only=True),
     *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere", "lookhere")], LARGER),
     *grid("Extrapolates to larger images (LookHere)", [("resolution", *LIFT)], [Arm("lookhere (s_g scaled)", "lookhere")], SLOPE_SCALED),
     *grid(f"{DIVERSE} (Fibottention)", [("diversity", *LIFT)], [FIB, ROBOT, MULT], DIVERSITY, measure="head_diversity"),
@@ -187,14 +185,14 @@ FIXES = {"per-image": Fix("per-image input", PER_IMAGE, (FULL, FIB)),
                                         **SCENE_FIX),
          # the recipe's jitter on Can and PushT, against each task's papers'-setting cells (on PushT full attention's
          # three seeds settled it: the recipe dropped the jitter there)
-         **{f"augment-{task}": Fix("photometric augmentation", AUGMENT, encoders, study=study, also=(task,), task=task,
+         **{f"augment-{task}": Fix("photometric augmentation", AUGMENT, encoders, study=study, task=task,
                                    policy=policy)
             for (study, task, policy), encoders in zip(RECIPE_TASKS, [(FULL, FIB, LOOKHERE), (FULL,)])},
          # hue/saturation on the other two tasks, against each task's recipe: Can's jitter (can_recipe's cells), PushT's
          # papers' setting (its own study's cells)
-         "colour-can": Fix("hue/saturation jitter", COLOUR, (FULL, FIB), study="can_scene_training", also=("can_recipe",),
+         "colour-can": Fix("hue/saturation jitter", COLOUR, (FULL, FIB), study="can_scene_training",
                            task="can", policy="bc", base=AUGMENT, base_label=SCENE_FIX["base_label"]),
-         "colour-pusht": Fix("hue/saturation jitter", COLOUR, (FULL, FIB), study="pusht_scene_training", also=("pusht",),
+         "colour-pusht": Fix("hue/saturation jitter", COLOUR, (FULL, FIB), study="pusht_scene_training",
                              task="pusht", policy="diffusion")}
 # the rule for adopting a training fix into a task's recipe, on the means over seeds: clean success within
 # ADOPT_CLEAN_MARGIN of the same encoder's recipe, and at least ADOPT_SHIFT_FLOOR under every scene shift the task

@@ -13,6 +13,7 @@ import numpy as np
 
 from core.stats import (BOTH_FAIL, EQUIVALENCE_MARGIN, UNRESOLVED, Estimate, bootstrap_difference,
                         bootstrap_rate, equivalent_text, holm, verdict, wilson_interval)
+from studies.catalog import STUDIES
 from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY,
                               SCENE_FIXES, TASKS, VERDICT_SEEDS, Arm, Claim, scene, with_overrides)
 from studies.records import Record, condition_text, load
@@ -113,9 +114,14 @@ def pooled(records: dict[str, list[Record]], studies) -> list[Record]:
     return out
 
 
+def study_records(records: dict[str, list[Record]], study: str) -> list[Record]:
+    """A study's records and those of the studies whose cells it shares (``Study.shares``), each cell counted once."""
+    return pooled(records, (study, *(STUDIES[study].shares if study in STUDIES else ())))
+
+
 def measure(c: Claim, records: dict[str, list[Record]]) -> dict:
     """The one loop's body: a claim row's records, compared."""
-    a, b = pair(pooled(records, (c.study, *c.also)), c.task, c.policy, c.arm, c.condition, c.baseline, c.measure)
+    a, b = pair(study_records(records, c.study), c.task, c.policy, c.arm, c.condition, c.baseline, c.measure)
     return {"claim": c.claim, "measurement": f"{c.task} {c.policy}, {c.where}, {c.arm.label} − {c.baseline.label}", "task": c.task,
             "study": c.study, "counts": not (c.side_only or c.arm.authors),
             **(compare(a, b, c.sign, c.side_only) if a and b else {"verdict": NOT_MEASURED})}
@@ -189,7 +195,7 @@ FIX_AGAINST = ("full attention", "itself without", "full attention, with the fix
 def fix_table(records: dict[str, list[Record]], fix) -> list[dict]:
     """A training-side fix per encoder and condition, against full attention on the recipe's input, the encoder
     itself without the fix, and full attention with the fix (each None where it is the row itself or not measured)."""
-    records, out = pooled(records, (fix.study, *fix.also)), []
+    records, out = study_records(records, fix.study), []
     conditions = sorted({json.dumps(r.condition): r.condition for r in records}.values(), key=lambda c: (c != {}, condition_text(c)))
     for arm, c in ((with_overrides(a, fix.base), c) for a in fix.encoders for c in conditions):
         fixed = with_overrides(arm, fix.overrides)
@@ -214,7 +220,7 @@ def adoption(records: dict[str, list[Record]]) -> list[dict]:
     Each row carries the fix's and the recipe's success per condition (``Estimate`` or None) for the table and the figure."""
     out = []
     for fix in (FIXES[name] for name in SCENE_FIXES):
-        recs, conditions = pooled(records, (fix.study, *fix.also)), {"clean": {}, **{s.where: s.condition for s in scene(fix.task)}}
+        recs, conditions = study_records(records, fix.study), {"clean": {}, **{s.where: s.condition for s in scene(fix.task)}}
         for encoder in fix.encoders:
             recipe = with_overrides(encoder, fix.base)
             rows = {side: {name: pick(recs, fix.task, fix.policy, arm, c, "success") for name, c in conditions.items()}
@@ -259,8 +265,6 @@ def markdown(header: list[str], rows: list[list]) -> str:
 
 def load_all(results: Path) -> dict[str, list[Record]]:
     """Every study's records (the catalog's and any other folder's), all read before anything is written."""
-    from studies.catalog import STUDIES
-
     return {study: load(results, study) for study in sorted({*STUDIES, *(p.parent.name for p in results.glob("*/records.jsonl"))})}
 
 

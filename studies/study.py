@@ -52,6 +52,9 @@ class Study:
     settings: dict[str, dict]  # name -> rollout.py options; "{episodes}", "{shifted_episodes}", "{workers}" from the budget
     variants: tuple[dict, ...] = ({},)  # more training overrides crossed with the grid (e.g. train.max_episodes: 10)
     only: dict[str, dict] = field(default_factory=dict)  # setting -> the one arm it applies to (an attention-specific option)
+    # studies whose cells this one's comparisons reuse (the same run directories, or the baseline a fix is set against):
+    # their records count here too, this study's first (studies.measure.study_records)
+    shares: tuple[str, ...] = ()
 
     def select(self, arms: list[str] | None = None, variants: list[int] | None = None,
                settings: list[str] | None = None) -> Study:
