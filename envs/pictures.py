@@ -21,7 +21,7 @@ from common.figures import save_png  # noqa: E402
 
 from .corruptions import corrupt  # noqa: E402
 from .factory import EVAL_SEED_START, TASKS, make_env  # noqa: E402
-from .scene_shifts import SCENE_SEVERITIES, scene_kinds_of  # noqa: E402
+from .shifts import SCENE_SEVERITIES, scene_set  # noqa: E402
 
 PICTURED_CORRUPTIONS = ("jpeg_compression", "motion_blur", "shot_noise", "pixelate")
 IMAGE_KEY = {"lift": "agentview_image", "can": "agentview_image", "pusht": "image"}
@@ -36,12 +36,10 @@ def scene_frames(task: str, seed: int) -> dict[str, list[np.ndarray]]:
     try:
         clean = env.reset(seed=seed)[0][IMAGE_KEY[task]]
         rows = {}
-        for kind in scene_kinds_of(task):
-            rows[kind] = [clean]
-            for severity in SCENE_SEVERITIES:
-                env.set_scene_shifts([(kind, severity)])
-                rows[kind].append(env.reset(seed=seed)[0][IMAGE_KEY[task]])
-            env.set_scene_shifts([])
+        for shift in scene_set(task):  # kind by kind, severities 1-3
+            env.set_scene_shifts([shift])
+            rows.setdefault(shift.kind, [clean]).append(env.reset(seed=seed)[0][IMAGE_KEY[task]])
+        env.set_scene_shifts([])
         return rows
     finally:
         env.close()
