@@ -213,3 +213,19 @@ def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_s
                                                          for side, per in rows[0]["success"].items()}}
     adoption_figure([*rows, no_light], tmp_path / "c.png")
     assert len((tmp_path / "c.png").read_bytes()) > len((tmp_path / "a.png").read_bytes())
+
+
+def test_no_committed_equivalence_rests_on_two_failing_sides():
+    """claims.json holds numbers: every "equivalent" row has both success intervals above the floor, and where both
+    lie below it the row reads "both fail" (PushT under contrast x0.5, where every encoder scores 0%)."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "results" / "claims.json").read_text())
+    floor, rows = data["equivalence_floor"], [r for r in data["rows"] if r.get("measure") == "success"]
+    equivalent = [r for r in rows if r["kind"].startswith("equivalent")]
+    assert equivalent and all(min(r["arm"]["lo"], r["baseline"]["lo"]) > floor for r in equivalent)
+    failing = [r for r in rows if r["kind"] == "both fail"]
+    assert failing and all(max(r["arm"]["hi"], r["baseline"]["hi"]) < floor for r in failing)
+    assert any(r["measurement"].startswith("pusht diffusion, contrast 2") for r in failing)
+    assert all(isinstance(r["difference"]["mean"], float) for r in rows if "difference" in r)
