@@ -58,6 +58,9 @@ class GenerateConfig:
     overwrite: bool = False
     max_attempts: Optional[int] = None  # default 2 * num_episodes + EXTRA_ATTEMPTS
     image_size: Optional[int] = None  # camera size (default: the environment's)
+    # Lift and Can: the cameras rendered (default: the task's two); [] renders none, proprioception-only
+    # demonstrations for a policy without a camera (the blind floor), generated without a single frame
+    cameras: Optional[Any] = None
     # frames rendered under a scene drawn per episode from its seed (envs/scene_shifts.py, the evaluation's
     # shifts): scene kinds, e.g. [lighting,colour,camera] or all (every kind the task renders); none: clean
     scene_randomization: Optional[Any] = None
@@ -75,6 +78,12 @@ class GenerateConfig:
                              f"nothing (the demonstrations would be clean): add scene_randomization=all or the kinds "
                              f"(e.g. scene_randomization=[lighting,colour]), or drop scene_randomization_max=")
         task = getattr(self.task, "name", self.task)
+        if self.cameras is not None:
+            if task == "pusht":
+                raise ValueError("cameras= applies to lift and can; PushT draws its one view: drop cameras=")
+            if not isinstance(self.cameras, (list, tuple)) or not all(isinstance(c, str) for c in self.cameras):
+                raise ValueError(f"cameras={self.cameras!r}: give camera names, e.g. cameras=[agentview], or cameras=[] "
+                                 "for none")
         if isinstance(task, str) and task in TASKS:  # at composition: refused before any environment starts
             self.randomization(task)
 
@@ -111,9 +120,9 @@ def check_out(out: Path, task: str, overwrite: bool) -> None:
 
 
 def _collect(job):
-    task, seed, image_size, randomization = job
+    task, seed, render, randomization = job
     module = importlib.import_module(TASKS[task])
-    kwargs = {} if image_size is None else {"image_size": image_size}
+    kwargs = dict(render)
     if randomization is not None:
         kwargs["scene_randomization"] = randomization
     try:
@@ -124,17 +133,22 @@ def _collect(job):
 
 def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int = 0, overwrite: bool = False,
              max_attempts: int | None = None, image_size: int | None = None, progress: bool = True,
-             scene_randomization: SceneRandomization | None = None) -> dict:
+             scene_randomization: SceneRandomization | None = None, cameras=None) -> dict:
     """Run the task's scripted expert on seeds ``seed, seed+1, ...`` until ``num_episodes`` succeed,
     write them to ``out`` and return the report (also stored in the dataset's attributes).
     ``scene_randomization``: every episode's frames are rendered in a scene drawn from its seed (the
     expert's actions and states are the clean scene's), recorded as ``scene_randomization`` in the
-    dataset's attributes."""
+    dataset's attributes. ``cameras`` (Lift, Can): the cameras rendered; () none; None the environment's."""
     out = Path(out)
+    if cameras is not None and task == "pusht":
+        raise ValueError("cameras= applies to lift and can; PushT draws its one view: drop cameras=")
+    render = {k: v for k, v in (("image_size", image_size), ("cameras", cameras)) if v is not None}
+    if "cameras" in render:
+        render["cameras"] = tuple(render["cameras"])
     randomization = scene_randomization_for(scene_randomization, task) if task in TASKS else None
     max_attempts = _check_request(task, num_episodes, out, overwrite, seed, max_attempts)
     t0 = time.perf_counter()
-    kept, failed, errors = _collect_episodes(task, num_episodes, range(seed, seed + max_attempts), image_size,
+    kept, failed, errors = _collect_episodes(task, num_episodes, range(seed, seed + max_attempts), render,
                                              workers, progress, randomization)
     seconds = time.perf_counter() - t0
     if len(kept) < num_episodes:
@@ -147,7 +161,7 @@ def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int =
     if randomization is not None:
         report["scene_randomization"] = randomization.attrs()
     try:
-        _write(task, out, kept, infos, report, overwrite, image_size)
+        _write(task, out, kept, infos, report, overwrite, render)
     except OSError as exc:  # the writers leave nothing partial (a temporary name, renamed at the end)
         if not is_no_room(exc):
             raise
@@ -173,12 +187,12 @@ def _check_request(task: str, num_episodes: int, out: Path, overwrite: bool, see
     return max_attempts
 
 
-def _collect_episodes(task: str, num_episodes: int, seeds, image_size: int | None, workers: int, progress: bool,
+def _collect_episodes(task: str, num_episodes: int, seeds, render: dict, workers: int, progress: bool,
                       randomization: SceneRandomization | None):
     """(kept episodes, failed seeds, error lines): the first ``num_episodes`` successes in seed order."""
     from tqdm import tqdm
 
-    jobs = [(task, s, image_size, randomization) for s in seeds]
+    jobs = [(task, s, render, randomization) for s in seeds]
     kept, failed, errors = [], [], []
     pool, bar = None, None
     try:
@@ -218,7 +232,7 @@ def _report(task: str, kept: list, infos: list, num_failed: int, seconds: float,
     return report
 
 
-def _write(task: str, out: Path, kept: list, infos: list, report: dict, overwrite: bool, image_size: int | None) -> None:
+def _write(task: str, out: Path, kept: list, infos: list, report: dict, overwrite: bool, render: dict) -> None:
     """The task's format: a PushT zarr replay buffer, or a robomimic hdf5 file with the environment's
     metadata (robomimic rebuilds the environment from it), marked as generated here. A randomised generation
     adds ``scene_randomization`` (the report's: kinds, max severity) to the attributes: readers of before
@@ -237,8 +251,7 @@ def _write(task: str, out: Path, kept: list, infos: list, report: dict, overwrit
 
     from .robomimic_hdf5 import GENERATED_BY, write_robomimic_hdf5
 
-    env_kwargs = {} if image_size is None else {"image_size": image_size}
-    env = RobosuiteEnv(task, **env_kwargs)
+    env = RobosuiteEnv(task, **render)  # the metadata names the cameras rendered and their size
     try:
         env_meta = env.env_meta()
     finally:
@@ -264,6 +277,7 @@ def _randomization_record(report: dict, infos: list) -> dict | None:
 def run(cfg: GenerateConfig) -> dict:
     """What generate_demos.py does with a GenerateConfig: generate, print the report."""
     report = generate(cfg.task.name, cfg.num_episodes, cfg.out, workers=cfg.workers, seed=cfg.seed, overwrite=cfg.overwrite,
-                      max_attempts=cfg.max_attempts, image_size=cfg.image_size, scene_randomization=cfg.randomization())
+                      max_attempts=cfg.max_attempts, image_size=cfg.image_size, scene_randomization=cfg.randomization(),
+                      cameras=cfg.cameras)
     print(json.dumps(report, indent=2))
     return report

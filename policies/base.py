@@ -98,7 +98,8 @@ class PolicyConfig:
         if self.encoder not in ENCODERS:
             raise ValueError(f"policy.encoder={self.encoder!r} is unknown; choose one of {', '.join(ENCODERS)} (encoder=<name>)")
         if self.encoder == "vit":
-            self.check_vit_crop()
+            if self.image_keys:  # a policy without a camera crops nothing
+                self.check_vit_crop()
         elif self.vit.backbone is not None:
             raise ValueError(f"encoder={self.encoder} replaces the ViT, so policy.vit.backbone={self.vit.backbone} "
                              "cannot apply: drop one of them")

@@ -239,3 +239,23 @@ def test_the_affine_warp_turns_zooms_and_moves_each_image_on_its_own_with_the_ch
         ImageAugConfig(rotate=50)
     with pytest.raises(ValueError, match=r"geometric_p must be a probability"):
         ImageAugConfig(shift=2, geometric_p=1.5)
+
+
+def test_proprioception_only_demonstrations_train_and_roll_out_a_policy_without_a_camera(tmp_path):
+    """The blind floor's data: no frame rendered, the environment's metadata says so, and a policy that reads
+    no camera trains on it and rolls out."""
+    from datasets.describe import describe
+
+    out = tmp_path / "blind.hdf5"
+    generate("lift", 2, out, progress=False, cameras=())
+    keys = describe(out)["keys"]
+    assert not [k for k in keys if k.endswith("_image")] and "obs/robot0_eef_pos" in keys
+    blind = ["task=lift", "policy=bc", "recipe=none", f"task.dataset.path={out}", f"task.input_shapes.{CAMERA}=null",
+             "task.input_shapes.robot0_eye_in_hand_image=null", f"run_dir={tmp_path / 'run'}", "train.steps=2",
+             "train.batch_size=4", "train.warmup_steps=1", "train.val_fraction=0.5", "train.checkpoint_every=2", *TINY_POLICY]
+    result = train(compose(blind))
+    assert result.policy.config.image_keys == []
+    s = evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=3, progress=False, corruption="camera:2")
+    assert s["episodes"][0]["steps"] == 3
+    with pytest.raises(ValueError, match=r"cameras= applies to lift and can"):
+        generate("pusht", 1, tmp_path / "p.zarr", progress=False, cameras=())
