@@ -378,12 +378,11 @@ def test_a_zero_length_hdf5_episode_is_refused_by_training_and_flagged_by_descri
     assert not info["valid"] and any(shown in p for p in info["problems"])
 
 
-@pytest.mark.parametrize("data_path, message", [("/elsewhere/file-{file_index:03d}.parquet", "is an absolute path"),
-                                                ("data/../../x/file-{file_index:03d}.parquet", "contains '..'"),
-                                                ("data/../data/file-{file_index:03d}.parquet", "contains '..'")])
-def test_a_lerobot_data_path_that_is_absolute_or_climbs_is_refused(tmp_path, data_path, message):
+@pytest.mark.parametrize("data_path", ["/elsewhere/file-{file_index:03d}.parquet", "data/../../x/file-{file_index:03d}.parquet",
+                                       "data/../data/file-{file_index:03d}.parquet"])
+def test_a_lerobot_data_path_that_is_absolute_or_climbs_is_refused(tmp_path, data_path):
     from datasets.lerobot import _check_info
 
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(f"data_path ({data_path}) is absolute or contains '..'")):
         _check_info(tmp_path, {"fps": 10, "features": {}, "data_path": data_path})
     _check_info(tmp_path, {"fps": 10, "features": {}, "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"})
