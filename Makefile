@@ -37,8 +37,11 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install -q --no-deps $(LEROBOT_CHECK)
 	@touch $(STAMP)
 
+# The suite in TEST_WORKERS processes (pytest-xdist): 2 uses both cores of the 2-core machine it is sized
+# for; TEST_WORKERS=auto takes one per core, TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PYTHON) -m pytest tests
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) tests
 
 # The CPU recipe end to end in under 20 minutes on 2 cores: 200 scripted Lift demonstrations ->
 # BC with a Fibottention ViT (recipe=cpu, two processes under torchrun) -> 20 held-out rollouts.

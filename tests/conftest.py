@@ -3,11 +3,17 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-
+# One thread per process, for torch here and for the commands the tests start (which inherit this
+# environment): the tests' models are tiny, so a second intra-op thread buys nothing, and on a busy
+# machine (`make test` runs two pytest-xdist workers on 2 cores) OpenMP's spinning threads burn CPU
+# time the other worker needs. A test that wants more threads sets them itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MUJOCO_GL", "egl")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +24,4 @@ def tiny_pusht_zarr(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "pusht.zarr"
     write_pusht_zarr(path, pusht_episodes((14, 10, 12)))
     return path
+

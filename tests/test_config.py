@@ -3,6 +3,7 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from core.config import CONFIG_DIR, compose
@@ -70,7 +71,10 @@ def test_every_combination_composes_and_builds_its_policy(task, recipe):
         stats = {k: {"min": -np.ones(pc.input_shapes[k][0], np.float32), "max": np.ones(pc.input_shapes[k][0], np.float32)}
                  for k in pc.lowdim_keys}
         stats["action"] = {"min": -np.ones(pc.action_dim, np.float32), "max": np.ones(pc.action_dim, np.float32)}
-        built = make_policy(pc, stats)
+        # every constructor runs; the weights are left unallocated (the papers' recipe is ~250M parameters a
+        # policy, seconds to initialise each: the tests that train build real ones)
+        with torch.device("meta"):
+            built = make_policy(pc, stats)
         assert type(built) is POLICIES[policy]
         assert len(built.obs_encoder.vits) == (1 if pc.share_vit else len(pc.image_keys))
 

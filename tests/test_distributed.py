@@ -14,7 +14,9 @@ from tests.helpers import REPO, tiny_train_cfg
 
 def test_two_process_gloo_training_then_single_process_resume(tmp_path, tiny_pusht_zarr):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+    # --standalone: a free port of torchrun's own choosing, as `make demo` runs it (a fixed port would collide
+    # with another test run on the machine, or a second pytest-xdist worker)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "tests.ddp_worker", str(tmp_path), str(tiny_pusht_zarr), "train.steps=3", "train.checkpoint_every=3"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

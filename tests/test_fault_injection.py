@@ -23,14 +23,18 @@ TRIALS = 20
 EXTRA = [f"train.steps={STEPS}", "train.checkpoint_every=1", "train.val_every=4", "train.num_threads=1"]
 
 
-def _train(tmp, data, extra):
+def _train(cfg):
     # tqdm's default lock is a multiprocessing lock that forked children share with this process: a
     # child SIGKILLed while it holds it (any progress bar's creation or update takes it) would leave
     # it held for good, and the next child, then the next progress bar of the whole test session,
     # would wait on it forever. A thread lock is the child's own.
     tqdm.set_lock(threading.RLock())
     torch.set_num_threads(1)
-    train(tiny_train_cfg(tmp, data, policy="bc", extra=EXTRA + list(extra)))
+    train(cfg)
+
+
+def _cfg(tmp, data, extra=()):
+    return tiny_train_cfg(tmp, data, policy="bc", extra=EXTRA + list(extra))
 
 
 def _in_child(target, *args) -> mp.Process:
@@ -67,18 +71,21 @@ def _check_after_kill(ckpts):
 @pytest.mark.timeout(600)
 def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_pusht_zarr):
     ref_dir = tmp_path / "reference"
-    proc = _in_child(_train, ref_dir, tiny_pusht_zarr, [])
+    proc = _in_child(_train, _cfg(ref_dir, tiny_pusht_zarr))
     proc.join(120)
     assert proc.exitcode == 0
     reference = _weights(ref_dir / "run" / "checkpoints" / "last")
     written = [c.stat().st_mtime for c in sorted((ref_dir / "run" / "checkpoints").glob("step_*"))]
     step_time = (written[-1] - written[0]) / (len(written) - 1)  # one step and its checkpoint, start-up left out
+    # every trial runs in one folder, emptied before it: its three configs are composed once, not per child
+    tmp = tmp_path / "trial"
+    ckpts = tmp / "run" / "checkpoints"
+    fresh, resume, overwrite = (_cfg(tmp, tiny_pusht_zarr, extra) for extra in ([], ["resume=true"], ["overwrite=true"]))
     rng = random.Random(0)
     killed_during_write, resumed = 0, 0
     for trial in range(TRIALS):
-        tmp = tmp_path / f"t{trial}"
-        ckpts = tmp / "run" / "checkpoints"
-        proc = _in_child(_train, tmp, tiny_pusht_zarr, [])
+        shutil.rmtree(tmp, ignore_errors=True)
+        proc = _in_child(_train, fresh)
         # anywhere from start-up to the last checkpoint: after a random number of checkpoints, a
         # random part of one step's time later (in a step or in a checkpoint write)
         _wait_for_checkpoints(ckpts, rng.randrange(STEPS), proc)
@@ -90,9 +97,8 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_
         newest = newest_checkpoint(ckpts)
         if newest is not None and load_training_state(newest)["step"] >= STEPS:
             continue  # killed after the end: nothing to resume
-        extra = ["resume=true"] if newest is not None else ["overwrite=true"]
         resumed += newest is not None
-        proc = _in_child(_train, tmp, tiny_pusht_zarr, extra)
+        proc = _in_child(_train, resume if newest is not None else overwrite)
         proc.join(120)
         assert proc.exitcode == 0, f"trial {trial}: resume from {newest} failed"
         assert not [p for p in ckpts.iterdir() if p.name.startswith(".")]  # stale writes cleaned up
@@ -100,6 +106,5 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_
         for k, v in reference.items():
             # the data order, RNG, optimizer, scheduler and EMA all resume: the result is the same run's
             torch.testing.assert_close(final[k], v, rtol=0, atol=0, msg=f"trial {trial}: {k}")
-        shutil.rmtree(tmp)
     print(f"{TRIALS} kills: {resumed} resumed, {killed_during_write} during a checkpoint write")
     assert resumed >= TRIALS // 2  # most kills land mid-run, not before the first or after the last checkpoint

@@ -197,20 +197,27 @@ def _python_in_repo(probe: str):
                           capture_output=True, text=True, check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
 
 
-def test_every_process_builds_the_same_lift_cube_so_a_seed_means_one_initial_state():
-    """robosuite draws the cube's size when it builds the model: two builds (two processes, two pool workers,
-    a clean run and its shifted pair) must draw the same one, or one episode seed starts two different scenes."""
+@pytest.fixture(scope="module")
+def two_fresh_processes():
+    """Two fresh interpreters that each import the package, build a Lift environment, reset, print what they
+    built and close it (one interpreter start costs seconds: both tests below read these two)."""
     probe = ("from envs.robosuite_tasks import RobosuiteEnv; e = RobosuiteEnv('lift', cameras=()); "
              "o = e.reset(seed=100000)[0]; m = e._env.sim.model; "
-             "print(repr(m.geom_size[m.geom_name2id('cube_g0')].round(6).tolist() + o['object'][:3].round(6).tolist()))")
-    runs = [_python_in_repo(probe).stdout.strip().splitlines()[-1] for _ in range(2)]
+             "print(repr(m.geom_size[m.geom_name2id('cube_g0')].round(6).tolist() + o['object'][:3].round(6).tolist())); "
+             "e.close(); print('built')")
+    return [_python_in_repo(probe) for _ in range(2)]
+
+
+def test_every_process_builds_the_same_lift_cube_so_a_seed_means_one_initial_state(two_fresh_processes):
+    """robosuite draws the cube's size when it builds the model: two builds (two processes, two pool workers,
+    a clean run and its shifted pair) must draw the same one, or one episode seed starts two different scenes."""
+    runs = [run.stdout.strip().splitlines()[-2] for run in two_fresh_processes]
     assert runs[0] == runs[1]
 
 
-def test_a_process_that_builds_an_environment_prints_no_robosuite_warnings():
+def test_a_process_that_builds_an_environment_prints_no_robosuite_warnings(two_fresh_processes):
     """robosuite warns at import (no private macro file, optional robot packages) and at every build; each
     generation or rollout worker repeated them, burying the progress bar and any real error."""
-    run = _python_in_repo("from envs.robosuite_tasks import RobosuiteEnv; e = RobosuiteEnv('lift', cameras=()); "
-                          "e.reset(seed=0); e.close(); print('built')")
-    assert run.stdout.strip().endswith("built")
-    assert "[robosuite WARNING]" not in run.stderr, run.stderr
+    for run in two_fresh_processes:
+        assert run.stdout.strip().endswith("built")
+        assert "[robosuite WARNING]" not in run.stderr, run.stderr
