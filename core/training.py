@@ -337,10 +337,17 @@ def _due(step: int, every: int, steps: int) -> bool:
     return step % every == 0 or step == steps
 
 
+def _encoder_text(pconfig) -> str:
+    """What reads the cameras: the ViT's attention, another encoder (which has none), or nothing at all."""
+    if not pconfig.image_keys:
+        return "cameras=none"
+    return f"attention={pconfig.vit.attention.kind}" if pconfig.encoder == "vit" else f"encoder={pconfig.encoder}"
+
+
 def _describe(cfg: TrainRunConfig, state: TrainState, data: TrainData, device, ddp: Distributed,
               per_rank_batch: int, lr: float, run: RunDirectory) -> str:
     params = sum(p.numel() for p in state.policy.parameters()) / 1e6
-    return (f"policy={cfg.policy.name} attention={cfg.attention.kind} params={params:.2f}M "
+    return (f"policy={cfg.policy.name} {_encoder_text(cfg.policy)} params={params:.2f}M "
             f"episodes train/val={data.num_train_episodes}/{data.num_val_episodes} windows={len(data.train_set)} "
             f"device={device} processes={ddp.world_size} batch={per_rank_batch}x{ddp.world_size} lr={lr:g} "
             f"run_dir={run.path}")

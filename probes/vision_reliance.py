@@ -24,7 +24,10 @@ from probes.feature_shift import measure_all, save
 
 
 def swapped(batch: dict[str, np.ndarray], image_keys: list[str]) -> dict[str, np.ndarray]:
-    """Every camera's images of window i taken from window i + F/2 (mod F); low-dim and actions kept."""
+    """Every camera's images of window i taken from window i + F/2 (mod F); low-dim and actions kept. A policy
+    without a camera has nothing to swap: its reliance is 0 by construction (the blind floor's)."""
+    if not image_keys:
+        return dict(batch)
     half = len(batch[image_keys[0]]) // 2
     return {k: np.roll(v, half, axis=0) if k in image_keys else v for k, v in batch.items()}
 

@@ -19,7 +19,7 @@ from core.preflight import replace_file
 from core.stats import EQUIVALENCE_FLOOR, EQUIVALENCE_MARGIN, Estimate
 from studies.evidence import FIXES
 from studies.figures import adoption_figure
-from studies.measure import adoption, claims, fix_table, load_all, lottery
+from studies.measure import adoption, claims, fix_table, floors, load_all, lottery
 from studies.pages import claims_page, fill_blocks, fix_pages, study_table
 
 def to_json(value):
@@ -33,9 +33,10 @@ def report(results: Path) -> list[dict]:
     """Every generated file from the records: study tables, fix tables, claims.md and claims.json, the adoption figure,
     and the generated blocks of the README and docs/findings.md beside ``results``."""
     records = load_all(results)
+    blind = floors(records)
     for study, recs in records.items():
         if recs:
-            replace_file(results / study / "table.md", study_table(study, recs))
+            replace_file(results / study / "table.md", study_table(study, recs, blind))
         print(f"{study}: {len(recs)} records -> {results / study / 'table.md'}" if recs else
               f"{study}: nothing evaluated yet (no records in {results / study / 'records.jsonl'}); no table written")
     rows = claims(records)

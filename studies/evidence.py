@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from envs.shifts import COMPARED_SEVERITY, PAPERS_PIXEL, RECIPE_PIXEL, SCENE_KINDS, Shift, scene_kinds_of
-from studies.catalog import AUGMENT, COLOUR, PER_IMAGE, RANDOMISED, SHIFT, WRIST
+from studies.catalog import AUGMENT, COLOUR, NO_CAMERA as NO_CAMERA_OVERRIDES, PER_IMAGE, RANDOMISED, SHIFT, WRIST
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class Setting:
 
 
 FULL = Arm("full", "full")
+# the blind floor's overrides as records hold them: a camera the recipe keeps, deleted (studies.measure.floors)
+NO_CAMERA = {task: {f"~{key}": None for key in overrides} for task, overrides in NO_CAMERA_OVERRIDES.items()}
 
 
 @dataclass(frozen=True)

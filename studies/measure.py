@@ -14,12 +14,13 @@ import numpy as np
 from core.stats import (BOTH_FAIL, EQUIVALENCE_MARGIN, UNRESOLVED, Estimate, bootstrap_difference,
                         bootstrap_rate, equivalent_text, holm, verdict, wilson_interval)
 from studies.catalog import STUDIES
-from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY,
+from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY, NO_CAMERA,
                               SCENE_FIXES, TASKS, VERDICT_SEEDS, Arm, Claim, scene, with_overrides)
 from studies.records import Record, condition_text, load
 
 SCALE = {"success": (100, 0), "coverage": (1, 3), "head_diversity": (1, 3)}  # a measure's display: factor, decimals
 NOT_MEASURED, NOT_MEASURED_TEXT = "—", "not measured yet"
+NOT_ABOVE_FLOOR = "✗"  # a row whose success is not resolved above its task's blind floor
 ROUNDING = 1e-9  # float error of a difference of means of k/n rates, far below one episode
 SIDES = {"supported": "better than full attention", "contradicted": "worse than full attention"}  # a baseline claims nothing
 
@@ -257,6 +258,28 @@ def adoption_table(rows: list[dict]) -> tuple[list[list], list[str]]:
              "—" if r["clean_gap"] is None else f"{100 * r['clean_gap']:+.0f}",
              *(fmt(r["success"]["fix"][name]) if name in r["success"]["fix"] else "not rendered" for name in shifts), r["verdict"]]
             for r in rows], shifts
+
+
+def floors(records: dict[str, list[Record]]) -> dict[str, list[Record]]:
+    """Each task's blind floor: the clean records of its policy without a camera (``evidence.NO_CAMERA``), from any
+    study. Such a policy's actions never see a frame, so the same floor holds under every visual shift."""
+    blind = {}
+    for recs in records.values():
+        for r in recs:
+            deleted = NO_CAMERA.get(r.task)
+            if deleted and r.measure == "success" and not r.condition and deleted.items() <= r.overrides.items():
+                blind.setdefault(r.task, []).append(r)
+    return {task: max(rows_of(recs).values(), key=len) for task, recs in blind.items()}  # the row with the most seeds
+
+
+def above_floor(recs: list[Record], floor: list[Record] | None) -> str:
+    """A row against its task's blind floor, in points [95% CI]; ✗ where it is not resolved above the floor."""
+    if not floor or recs[0].measure != "success":
+        return ""
+    if recs[0].row == floor[0].row:
+        return "the floor"
+    d = bootstrap_difference(outcomes(recs), outcomes(floor))
+    return pct(d) + ("" if d.lo > 0 else f" {NOT_ABOVE_FLOOR}")
 
 
 def markdown(header: list[str], rows: list[list]) -> str:

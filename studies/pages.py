@@ -6,6 +6,7 @@ from the records and the measured claim rows. A new block is one function and on
 """
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -14,11 +15,11 @@ import numpy as np
 
 from core.preflight import replace_file
 from core.stats import ALPHA, EQUIVALENCE_FLOOR, EQUIVALENCE_MARGIN, N_BOOT, UNRESOLVED, bootstrap_difference, bootstrap_rate
-from envs.shifts import Shift
-from studies.catalog import SHIFTED
+from envs.shifts import SCENE_SEVERITIES, Shift
+from studies.catalog import AUGMENT, SHIFTED
 from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, FULL, PIXEL, README_CONDITIONS, README_ROWS, RECIPES, TASKS,
                               VERDICT_SEEDS, scene)
-from studies.measure import (COLLAPSE, FIXES, adoption_table, baseline_row, effect_against, effect_text, fix_rows, lottery_table,
+from studies.measure import (COLLAPSE, FIXES, NOT_ABOVE_FLOOR, above_floor, floors, adoption_table, baseline_row, effect_against, effect_text, fix_rows, lottery_table,
                             markdown, outcomes, pair, pct, pick, pooled, rates_text, rows_of, task_counts, task_verdicts, value_text)
 from studies.records import Record, condition_text, overrides_text
 from studies.study import BUDGETS
@@ -44,26 +45,36 @@ resolved or equivalent verdict that would not survive Holm's correction over the
 full attention they fall."""
 
 
-def table_row(row: tuple, recs: list[Record], rows: dict) -> list:
+def table_row(row: tuple, recs: list[Record], rows: dict, floor: list[Record] | None = None) -> list:
     r0, base = recs[0], rows.get(baseline_row(recs[0]))
     diff = pct(bootstrap_difference(outcomes(recs), outcomes(base)), measure=r0.measure) if base and baseline_row(r0) != row else ""
     cov = f"{sum(r.coverage * r.episodes for r in recs) / sum(r.episodes for r in recs):.3f}" if None not in [r.coverage for r in recs] else ""
     secs = [r.train_seconds for r in recs if r.train_seconds]
     return [r0.task, r0.policy, r0.attention, r0.steps, overrides_text(r0.overrides), condition_text(r0.condition), len(recs),
-            value_text(recs), diff, cov, f"{np.mean(secs) / 60:.1f}" if secs else ""]
+            value_text(recs), diff, *([above_floor(recs, floor)] if floor is not None else []), cov,
+            f"{np.mean(secs) / 60:.1f}" if secs else ""]
 
 
-def study_table(study: str, records: list[Record]) -> str:
+def study_table(study: str, records: list[Record], floors: dict[str, list[Record]] | None = None) -> str:
+    """A study's every row; where its task has a blind floor (``studies.measure.floors``), each row against it."""
     rows = rows_of(records)
-    body = sorted((table_row(r, rows[r], rows) for r in rows), key=lambda t: (*map(str, t[:5]), t[5] != "clean", t[5]))
+    floors = {t: f for t, f in (floors or {}).items() if any(r.task == t and r.measure == "success" for r in records)}
+    with_floor = bool(floors)
+    body = sorted((table_row(r, rows[r], rows, floors.get(rows[r][0].task, []) if with_floor else None) for r in rows),
+                  key=lambda t: (*map(str, t[:5]), t[5] != "clean", t[5]))
     what, noun, intro, unit = ("success", "evaluations", SUCCESS_INTRO, " (points)") if all(r.measure == "success" for r in records) \
         else ("value", "measurements", VALUE_INTRO, "")
+    floor_text = FLOOR_INTRO if with_floor else ""
     return (f"# {study}\n\nWritten by `python -m studies.claims` from [records.jsonl](records.jsonl) ({len(records)} {noun}). "
-            f"{intro} Difference: to full attention's row{unit.replace(' (', ', in ').rstrip(')')} (docs/studies.md).\n\n" + markdown(
-                ["task", "policy", "attention", "steps", "extra overrides", "condition", "seeds", f"{what} [95% CI] (per seed)",
-                 f"− full{unit} [95% CI]", "mean max coverage", "train minutes / seed"], body) + "\n")
+            f"{intro} Difference: to full attention's row{unit.replace(' (', ', in ').rstrip(')')} (docs/studies.md).{floor_text}\n\n"
+            + markdown(["task", "policy", "attention", "steps", "extra overrides", "condition", "seeds", f"{what} [95% CI] (per seed)",
+                        f"− full{unit} [95% CI]", *(["− no camera (points) [95% CI]"] if with_floor else []),
+                        "mean max coverage", "train minutes / seed"], body) + "\n")
 
 
+FLOOR_INTRO = (f" − no camera: to the task's blind floor, a policy trained alike without any camera (its clean success, "
+               f"which holds under every visual shift: it never sees a frame); {NOT_ABOVE_FLOOR}: not resolved above it, "
+               "so the images have not been shown to help there.")
 SUCCESS_INTRO = ("Success: mean over seeds of each seed's rate, 95% interval from a bootstrap over seeds, then episodes; per-seed "
                  "rates in brackets (k/n for one seed).")
 VALUE_INTRO = ("Value: one per training seed (head diversity: 1 − mean pairwise CKA of the heads' outputs), mean over seeds, "
@@ -213,7 +224,33 @@ def tasks_block(records: dict, rows: list[dict]) -> str:
     return markdown(["claim (paper)", *TASKS], [[c, *(k for k, _ in per_task)] for c, per_task in verdicts.items()])
 
 
-BLOCKS = {"tasks": tasks_block, "evidence": evidence_block, "recipes": recipes_block, "which-to-pick": pick_block}
+CAMERA_STUDIES = ("scene_training", "camera")  # the studies that train for the scene and the camera on top of recipe=cpu
+CAMERA_CONDITIONS = ({}, *({"corruption": [["camera", s]]} for s in SCENE_SEVERITIES))
+
+
+def camera_block(records: dict, rows: list[dict]) -> str:
+    """The camera advice: per task with a blind floor, every training variant of full attention (on top of recipe=cpu)
+    clean and under the camera shifts, against that floor (✗: not resolved above it)."""
+    out = []
+    for task, floor in floors(records).items():
+        # the floor never sees a frame: its clean success is its success under every camera shift
+        out.append([task, "no camera (the floor)", len(floor), *[pct_text(bootstrap_rate(outcomes(floor)))] * len(CAMERA_CONDITIONS)])
+        recs = [r for study in CAMERA_STUDIES for r in records.get(study, []) if r.task == task and r.attention == "full"]
+        for overrides in dict.fromkeys(json.dumps(r.overrides, sort_keys=True) for r in recs):
+            mine = [r for r in recs if json.dumps(r.overrides, sort_keys=True) == overrides]
+            cells = [[r for r in mine if r.condition == c] for c in CAMERA_CONDITIONS]
+            if not all(cells):
+                continue  # a variant not measured under every camera shift
+            label = overrides_text({k: v for k, v in json.loads(overrides).items() if k not in AUGMENT}) or "recipe=cpu"
+            out.append([task, label, max(len(c) for c in cells),
+                        *(pct_text(bootstrap_rate(outcomes(c))) + (f" {NOT_ABOVE_FLOOR}" if NOT_ABOVE_FLOOR in above_floor(c, floor)
+                                                                  else "") for c in cells)])
+    return markdown(["task", "training (full attention, on top of `recipe=cpu`)", "seeds", "clean",
+                     *(f"camera {s}" for s in SCENE_SEVERITIES)], out)
+
+
+BLOCKS = {"tasks": tasks_block, "evidence": evidence_block, "recipes": recipes_block, "which-to-pick": pick_block,
+          "camera": camera_block}
 
 
 def fill_blocks(page: Path, records: dict, rows: list[dict]) -> None:

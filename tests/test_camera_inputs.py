@@ -257,5 +257,9 @@ def test_proprioception_only_demonstrations_train_and_roll_out_a_policy_without_
     assert result.policy.config.image_keys == []
     s = evaluate_checkpoint(result.checkpoint, num_episodes=1, max_steps=3, progress=False, corruption="camera:2")
     assert s["episodes"][0]["steps"] == 3
+    from probes.vision_reliance import measure
+
+    probe = measure(result.checkpoint, frames=4)
+    assert probe["reliance"] == 0.0 and probe["action_spread"] > 0  # it acts, and no image moves its action
     with pytest.raises(ValueError, match=r"cameras= applies to lift and can"):
         generate("pusht", 1, tmp_path / "p.zarr", progress=False, cameras=())
