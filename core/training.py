@@ -216,8 +216,11 @@ def restore(state: TrainState, checkpoint: Path, cfg: TrainRunConfig, lr: float,
 def start_from(state: TrainState, source: str, is_main: bool) -> None:
     """Fine-tuning: the weights of another run's checkpoint (its evaluation weights, normalisation included) as
     the start, and the EMA restarted from them; the optimizer, the schedule and the step start fresh."""
-    ckpt = resolve_checkpoint(source)
-    donor = load_policy(ckpt, expected_policy=state.policy.config.name)  # the loader's checks: a checkpoint is data
+    try:
+        ckpt = resolve_checkpoint(source)
+        donor = load_policy(ckpt, expected_policy=state.policy.config.name)  # the loader's checks: a checkpoint is data
+    except (FileNotFoundError, ValueError) as exc:
+        raise type(exc)(f"train.init_from={source}: {exc}") from None
     mine, theirs = state.policy.state_dict(), donor.state_dict()
     differ = sorted(k for k in mine.keys() | theirs.keys() if k not in mine or k not in theirs
                     or mine[k].shape != theirs[k].shape)

@@ -263,3 +263,21 @@ def test_proprioception_only_demonstrations_train_and_roll_out_a_policy_without_
     assert probe["reliance"] == 0.0 and probe["action_spread"] > 0  # it acts, and no image moves its action
     with pytest.raises(ValueError, match=r"cameras= applies to lift and can"):
         generate("pusht", 1, tmp_path / "p.zarr", progress=False, cameras=())
+
+
+def test_fine_tuning_starts_from_another_runs_weights_and_refuses_another_shape(tmp_path, tiny_pusht_zarr):
+    from tests.helpers import tiny_overrides
+
+    donor = train(compose(tiny_overrides(tmp_path / "a", tiny_pusht_zarr, "bc", extra=["train.ema=false"])))
+    # a learning rate too small to move a weight: what the run ends with is what it started from
+    tuned = train(compose(tiny_overrides(tmp_path / "b", tiny_pusht_zarr, "bc", extra=[
+        "train.ema=false", "train.steps=1", "train.lr=1e-12", f"train.init_from={tmp_path / 'a' / 'run'}",
+        "policy.image_aug.shift=2"])))
+    theirs, mine = donor.policy.state_dict(), tuned.policy.state_dict()
+    assert mine.keys() == theirs.keys()
+    for k in theirs:
+        torch.testing.assert_close(mine[k], theirs[k], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"train.init_from=.*differs from this one in \d+ tensor\(s\)") as err:
+        train(compose(tiny_overrides(tmp_path / "c", tiny_pusht_zarr, "bc", extra=[
+            f"train.init_from={tmp_path / 'a' / 'run'}", "policy.vit.dim=48"])))
+    assert "\n" not in str(err.value)
