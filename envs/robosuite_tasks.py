@@ -177,11 +177,11 @@ class RobosuiteEnv(gym.Env):
         self._asked_poses = bool(camera_poses) or bool(nominal_camera_pose)
         self.camera_poses = self._asked_poses or self.randomises_camera
         self._nominal_poses = None
-        if nominal_camera_pose:
-            self._reset_sim(seed, shifted=False)
-            self._nominal_poses = {cam: self._camera_pose(cam) for cam in self.cameras}
         # the low-dim shapes are read off a first observation (clean: a shift is drawn from an episode's seed)
-        self._set_spaces(self._reset_sim(seed, shifted=False))
+        first = self._reset_sim(seed, shifted=False)
+        if nominal_camera_pose:  # the first scene is the clean one: its poses are the nominal ones
+            self._nominal_poses = {cam: first[f"{cam}{CAMERA_POSE_SUFFIX}"] for cam in self.cameras}
+        self._set_spaces(first)
 
     def set_scene_shifts(self, shifts) -> None:
         """Scene shifts ``[(kind, severity), ...]`` (or ``["lighting:2", ...]``) for the episodes from the next

@@ -14,7 +14,7 @@ from envs.scene_shifts import SceneRandomization
 from policies.checkpoint import load_policy
 from policies.obs_encoder import ImageAugConfig
 from tests.helpers import TINY_DIFFUSION, TINY_POLICY, compose
-from tests.test_encoders import policy_and_batch
+from tests.test_encoders import encoder_inputs, policy_and_batch
 
 SIZE = 32  # the tiny demonstrations' frames
 CAMERA = "agentview_image"
@@ -106,21 +106,6 @@ def test_demonstrations_under_drawn_cameras_record_each_frames_pose(camera_demos
     first = [0, int(data.episode_ends[0])]
     assert np.abs(poses[first[0]] - poses[first[1]]).max() > 1e-3, "each episode its own camera"
     assert np.array_equal(poses[first[0]], poses[first[0] + 1]), "and it stays put within the episode"
-
-
-def encoder_inputs(policy, batch, train_mode: bool) -> torch.Tensor:
-    seen = []
-    hook = policy.obs_encoder.vits[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
-    try:
-        with torch.no_grad():
-            policy.train(train_mode)
-            if train_mode:
-                policy.compute_loss(batch)
-            else:
-                policy.predict_action_chunk({k: batch[k] for k in policy.config.input_shapes})
-    finally:
-        hook.remove()
-    return torch.cat(seen)
 
 
 def test_the_ray_map_is_cropped_and_moved_with_its_image(tmp_path, camera_demos):

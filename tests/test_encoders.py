@@ -147,9 +147,13 @@ def test_a_checkpoint_from_before_the_encoder_and_the_new_augmentations_loads_an
 
 # --- augmentation: shift and colour ---------------------------------------------------------------
 def captured_inputs(policy, batch, image: torch.Tensor, train_mode: bool) -> torch.Tensor:
-    """Every camera frame of the batch set to ``image`` (H, W, C) uint8 -> the images the camera
-    encoder received in one compute_loss (training) or predict_action_chunk (evaluation), (N, C, H, W)."""
-    batch = dict(batch, image=image.expand_as(batch["image"]).clone())
+    """Every camera frame of the batch set to ``image`` (H, W, C) uint8 -> ``encoder_inputs``."""
+    return encoder_inputs(policy, dict(batch, image=image.expand_as(batch["image"]).clone()), train_mode)
+
+
+def encoder_inputs(policy, batch, train_mode: bool) -> torch.Tensor:
+    """What the first camera encoder received in one compute_loss (training) or predict_action_chunk (evaluation)
+    of ``batch``, (N, C, H, W)."""
     seen = []
     hook = policy.obs_encoder.vits[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
     try:
