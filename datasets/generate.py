@@ -78,18 +78,23 @@ class GenerateConfig:
                              f"nothing (the demonstrations would be clean): add scene_randomization=all or the kinds "
                              f"(e.g. scene_randomization=[lighting,colour]), or drop scene_randomization_max=")
         task = getattr(self.task, "name", self.task)
-        if self.cameras is not None:
-            if task == "pusht":
-                raise ValueError("cameras= applies to lift and can; PushT draws its one view: drop cameras=")
-            if not isinstance(self.cameras, (list, tuple)) or not all(isinstance(c, str) for c in self.cameras):
-                raise ValueError(f"cameras={self.cameras!r}: give camera names, e.g. cameras=[agentview], or cameras=[] "
-                                 "for none")
+        check_cameras(task, self.cameras)
         if isinstance(task, str) and task in TASKS:  # at composition: refused before any environment starts
             self.randomization(task)
 
     def randomization(self, task: str | None = None) -> SceneRandomization | None:
         max_severity = TRAINING_RANGE if self.scene_randomization_max is None else self.scene_randomization_max
         return parse_scene_randomization(self.scene_randomization, max_severity, task or self.task.name)
+
+
+def check_cameras(task: str, cameras) -> None:
+    """``cameras=``: None (the environment's), or camera names ([] for none) of a robosuite task; one line otherwise."""
+    if cameras is None:
+        return
+    if task == "pusht":
+        raise ValueError("cameras= applies to lift and can; PushT draws its one view: drop cameras=")
+    if not isinstance(cameras, (list, tuple)) or not all(isinstance(c, str) for c in cameras):
+        raise ValueError(f"cameras={cameras!r}: give camera names, e.g. cameras=[agentview], or cameras=[] for none")
 
 
 def _is_dataset(out: Path, task: str) -> bool:
@@ -140,8 +145,7 @@ def generate(task: str, num_episodes: int, out, *, workers: int = 1, seed: int =
     expert's actions and states are the clean scene's), recorded as ``scene_randomization`` in the
     dataset's attributes. ``cameras`` (Lift, Can): the cameras rendered; () none; None the environment's."""
     out = Path(out)
-    if cameras is not None and task == "pusht":
-        raise ValueError("cameras= applies to lift and can; PushT draws its one view: drop cameras=")
+    check_cameras(task, cameras)
     render = {k: v for k, v in (("image_size", image_size), ("cameras", cameras)) if v is not None}
     if "cameras" in render:
         render["cameras"] = tuple(render["cameras"])
