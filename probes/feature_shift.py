@@ -105,7 +105,8 @@ def corruption_arg(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def measure_all(argv, prog: str, doc: str, measure, corruption: bool = True, vit_only: bool = True) -> tuple[argparse.Namespace, list[dict]]:
+def measure_all(argv, prog: str, doc: str, measure, corruption: bool = True, vit_only: bool = True,
+                into_run: bool = False) -> tuple[argparse.Namespace, list[dict]]:
     """The probes' command line: ``measure`` every checkpoint (under ``--corruption`` unless the probe takes
     none); a bad option, a missing or wrong checkpoint, or (``vit_only``: the probe reads a ViT's stages) a
     checkpoint of another encoder ends in one line, the options before anything loads."""
@@ -118,6 +119,8 @@ def measure_all(argv, prog: str, doc: str, measure, corruption: bool = True, vit
     if corruption:
         parser.add_argument("--corruption", type=corruption_arg, default="brightness:1", help="KIND:SEVERITY, e.g. contrast:2")
     parser.add_argument("--json", help="write the results here")
+    if into_run:
+        parser.add_argument("--into-run", action="store_true", help="also write each result into its run's eval/")
     args = parser.parse_args(argv)
     shift = args.corruption if corruption else ()
     try:

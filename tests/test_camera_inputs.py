@@ -1,7 +1,10 @@
 """Camera-aware inputs and camera dropout: the pose each frame was rendered from, drawn as a ray map that
 moves with the camera and is cropped and moved with its image; a learned "absent" camera in training only;
 both through a checkpoint and a rollout, for BC and diffusion. And the geometric augmentation's affine warp."""
+import json
+
 import numpy as np
+
 import pytest
 import torch
 
@@ -246,6 +249,19 @@ def test_proprioception_only_demonstrations_train_and_roll_out_a_policy_without_
 
     probe = measure(result.checkpoint, frames=4)
     assert probe["reliance"] == 0.0 and probe["action_spread"] > 0  # it acts, and no image moves its action
+    # --into-run: the value lands in the run, naming the weights the evaluation above rolled out
+    from probes.vision_reliance import main as probe_main
+
+    probe_main([str(tmp_path / "run"), "--frames", "4", "--into-run"])
+    written = json.loads((tmp_path / "run" / "eval" / "vision_reliance.json").read_text())
+    assert written["reliance"] == 0.0 and written["weights_sha256"] == s["identity"]["weights_sha256"]
+    assert written["checkpoint_step"] == s["identity"]["checkpoint_step"] == 2
+    (tmp_path / "run" / "eval" / "vision_reliance.json").unlink()
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (tmp_path / "run" / "eval" / "vision_reliance.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(SystemExit, match="symbolic link"):  # a link inside a run is never followed, never written through
+        probe_main([str(tmp_path / "run"), "--frames", "4", "--into-run"])
+    assert (tmp_path / "elsewhere.json").read_text() == "{}"
     with pytest.raises(ValueError, match=r"cameras= applies to lift and can"):
         generate("pusht", 1, tmp_path / "p.zarr", progress=False, cameras=())
 
