@@ -37,13 +37,21 @@ import torch  # noqa: E402
 from envs.corruptions import corrupt  # noqa: E402
 from envs.factory import EVAL_SEED_START, EnvPool, worker_context  # noqa: E402
 from envs.robosuite_tasks import RobosuiteEnv  # noqa: E402
-from envs.scene_shifts import SCENE_KINDS  # noqa: E402
+from envs.shifts import Shift, scene_kinds_of, severities  # noqa: E402
 
 IMAGE_SIZE = 84
 CAMERA = "agentview"
-PIXEL_KINDS = {"brightness": 2, "gaussian_noise": 2, "blur": 2, "jpeg_compression": 3, "motion_blur": 3,
-               "shot_noise": 3, "pixelate": 3}
 POLICY_BATCH = 2  # two workers
+
+
+def at_middle(kind: str) -> Shift:
+    """``kind`` at its middle severity: 2 of 1-3 (the hand-written and scene kinds), 3 of ImageNet-C's 1-5."""
+    return Shift(kind, severities(kind)[len(severities(kind)) // 2])
+
+
+PIXEL_SHIFTS = tuple(map(at_middle, ("brightness", "gaussian_noise", "blur", "jpeg_compression", "motion_blur",
+                                     "shot_noise", "pixelate")))
+SCENE_SHIFTS = tuple(map(at_middle, scene_kinds_of("lift")))
 
 
 def median_ms(fn, n: int) -> float:
@@ -72,18 +80,17 @@ def camera_env_parts(n: int) -> dict[str, float]:
         frame = env.reset(seed=EVAL_SEED_START)[0][f"{CAMERA}_image"]
         out["rendering: one 84 px agentview frame"] = median_ms(lambda: env._render_camera(CAMERA, IMAGE_SIZE), n)
         out["env step with the frame (physics + rendering)"] = median_ms(lambda: env.step(np.zeros(7)), n)
-        for kind, severity in PIXEL_KINDS.items():
+        for shift in PIXEL_SHIFTS:
             rng = np.random.default_rng(0)
-            corrupt(frame, kind, severity, rng)  # the library's first call imports it
-            out[f"pixel corruption {kind}:{severity}, one frame"] = median_ms(
-                lambda: corrupt(frame, kind, severity, rng), n)
+            corrupt(frame, *shift, rng)  # the library's first call imports it
+            out[f"pixel corruption {shift}, one frame"] = median_ms(lambda: corrupt(frame, *shift, rng), n)
         resets = max(5, n // 10)
         clean = median_ms(lambda: env.reset(seed=EVAL_SEED_START), resets)
         out["reset, clean"] = clean
-        for kind in SCENE_KINDS:
-            env.set_scene_shifts([(kind, 2)])
+        for shift in SCENE_SHIFTS:
+            env.set_scene_shifts([shift])
             env.reset(seed=EVAL_SEED_START)  # the modders are made once per environment
-            out[f"reset under scene shift {kind}:2 (restore + apply), extra"] = median_ms(
+            out[f"reset under scene shift {shift} (restore + apply), extra"] = median_ms(
                 lambda: env.reset(seed=EVAL_SEED_START), resets) - clean
             env.set_scene_shifts([])
         return out

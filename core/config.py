@@ -28,6 +28,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from datasets.generate import GenerateConfig  # the generator's settings live with it (datasets imports no core)
 from envs.factory import EVAL_SEED_START  # demonstrations use seeds below it, evaluation from it
+from envs.shifts import parse_shifts
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -199,16 +200,14 @@ class InferenceOverrides:
     global_slope: Optional[float] = None  # LookHere's s_global
     w_max: Optional[int] = None  # Fibottention's widest window
     offset_grid: Optional[Any] = None  # Fibottention: "train" or [rows, cols]
-    # camera corruptions before the policy sees a frame: KIND:SEVERITY or a list of them, KIND one of
-    # gaussian_noise, blur, brightness, contrast and SEVERITY 1-3 (envs/corruptions.py)
+    # what changes before the policy sees a frame: KIND:SEVERITY or a list of them, each a pixel corruption of
+    # every camera image or a scene shift the environment renders (envs/shifts.py names the kinds and severities)
     corruption: Optional[Any] = None
     # a camera-aware policy (policy.ray_maps) is told the pose its camera is at; "nominal": the unshifted pose,
     # as a bumped camera nobody recalibrated reports it (the honest worst case under a camera shift)
     camera_pose: Optional[str] = None
 
     def __post_init__(self):
-        from envs.corruptions import parse_shifts
-
         if self.camera_pose not in CAMERA_POSE_OPTIONS:
             raise ValueError(f"camera_pose={self.camera_pose!r}: give camera_pose=nominal (the unshifted pose) or leave "
                              "it out (the pose that rendered the frame)")

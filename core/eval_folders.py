@@ -6,7 +6,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from envs.corruptions import shift_tag
+from envs.shifts import shift_tag
 from policies.checkpoint import checkpoint_step
 
 from .config import RolloutConfig

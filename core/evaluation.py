@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from common.provenance import environment
-from envs.corruptions import obs_corruptor, parse_shifts, shift_tag, split_stages
+from envs.corruptions import obs_corruptor
 from envs.factory import EVAL_SEED_START, EnvError, EnvPool, env_kwargs_from_task
+from envs.shifts import parse_shifts, shift_tag, split_stages
 from policies.checkpoint import load_policy, read_checkpoint_meta, resolve_checkpoint
 
 from .config import InferenceOverrides, RolloutConfig, TaskConfig, from_dict
@@ -361,8 +362,9 @@ def evaluate_checkpoint(checkpoint, *, num_episodes: int, seed: int = EVAL_SEED_
                         bar=None, clean_dir=None, **overrides) -> dict:
     """Roll a checkpoint out, changed at inference by ``inference`` (or the same fields as keywords,
     e.g. ``global_slope=0.5``); with ``out_dir``, write summary.json (and videos) there, never over
-    an earlier evaluation unless ``overwrite``. A ``corruption`` applies to every camera image
-    (``envs.corruptions``) before the policy sees it, and before the video films it. The summary's
+    an earlier evaluation unless ``overwrite``. A ``corruption`` (``envs.shifts``: a scene shift the environment
+    renders, or a pixel corruption of every camera image) acts before the policy sees a frame, and before the video
+    films it. The summary's
     ``identity`` records what it answers (``core.eval_identity``); a shifted run is paired with the clean run in
     ``clean_dir`` where that answers the same question (``paired``), else ``unpaired`` says why."""
     if inference is not None and overrides:

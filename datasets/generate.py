@@ -29,7 +29,8 @@ import numpy as np
 from omegaconf import MISSING
 
 from envs.factory import EVAL_SEED_START, ctrl_c_deferred, worker_context
-from envs.scene_shifts import TRAINING_RANGE, SceneRandomization, parse_scene_randomization, scene_randomization_for
+from envs.scene_shifts import SceneRandomization, scene_randomization_for
+from envs.shifts import TRAINING_RANGE, parse_randomised_kinds
 
 from common.ownership import Owner, contents
 from common.resources import is_no_room, no_room
@@ -84,7 +85,8 @@ class GenerateConfig:
 
     def randomization(self, task: str | None = None) -> SceneRandomization | None:
         max_severity = TRAINING_RANGE if self.scene_randomization_max is None else self.scene_randomization_max
-        return parse_scene_randomization(self.scene_randomization, max_severity, task or self.task.name)
+        parsed = parse_randomised_kinds(self.scene_randomization, max_severity, task or self.task.name)
+        return None if parsed is None else SceneRandomization(*parsed)
 
 
 def check_cameras(task: str, cameras) -> None:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# the vocabulary, read here; the names after PIXEL_SEVERITIES are re-exported for callers that still import them from here
-from .shifts import (CORRUPTIONS, KINDS, LIBRARY_KINDS, LIBRARY_SEVERITIES, PIXEL, PIXEL_SEVERITIES, SCENE,  # noqa: F401
-                     SEVERITIES, Shift, ShiftError, parse_scene_shifts, parse_shifts, severities, shift_tag, split_stages)
+from .shifts import CORRUPTIONS, KINDS, PIXEL, PIXEL_SEVERITIES, Shift, ShiftError
+from .shifts import parse_shifts  # noqa: F401  # studies/ still imports this (studies/suite.py); its home is envs.shifts
 
-CorruptionError = ShiftError  # the name of before: a malformed shift of either stage is a ShiftError
 # per hand-written corruption: strength at severities 1, 2, 3
 LEVELS = {
     "gaussian_noise": (0.04, 0.08, 0.16),  # noise std, in units of the [0, 1] range
@@ -62,7 +60,8 @@ def _library(image: np.ndarray, kind: str, severity: int, rng: np.random.Generat
     from imagecorruptions import corrupt as imagenet_c  # lazy: scikit-image, numba and OpenCV load in ~0.4 s
 
     if min(image.shape[:2]) < LIBRARY_MIN_SIDE:
-        raise ValueError(f"{kind} needs frames of at least {LIBRARY_MIN_SIDE} px a side, got {image.shape[:2]}")
+        raise ValueError(f"{kind} needs frames of at least {LIBRARY_MIN_SIDE} px a side, got {image.shape[:2]}: render at "
+                         f"image_size={LIBRARY_MIN_SIDE} or more, or use a hand-written kind ({', '.join(CORRUPTIONS)})")
     # the library draws from numpy's global generator: seed it from ours for this call, then put it back,
     # so a corruption is repeatable and nothing else that uses the global generator sees a difference
     seed = int((rng or np.random.default_rng(0)).integers(2**32))
@@ -78,10 +77,10 @@ def corrupt(image: np.ndarray, kind: str, severity: int, rng: np.random.Generato
     """A uint8 HWC frame corrupted by pixel kind ``kind``; severity 0 returns it unchanged. Deterministic
     for a given ``rng`` (None: a generator seeded 0)."""
     if KINDS.get(kind) != PIXEL:
-        raise ValueError(f"unknown corruption {kind!r}; known: {', '.join(PIXEL_SEVERITIES)}")
+        raise ShiftError(f"unknown corruption {kind!r}; known: {', '.join(PIXEL_SEVERITIES)}")
     if severity != 0 and severity not in PIXEL_SEVERITIES[kind]:
         allowed = PIXEL_SEVERITIES[kind]
-        raise ValueError(f"{kind}: severity must be 0 or {allowed[0]}-{allowed[-1]}, got {severity}")
+        raise ShiftError(f"{kind}: severity must be 0 or {allowed[0]}-{allowed[-1]}, got {severity}")
     if severity == 0:
         return image
     return (_hand_written if kind in CORRUPTIONS else _library)(image, kind, severity, rng)
@@ -94,7 +93,7 @@ def obs_corruptor(corruptions, image_keys: list[str], seed: int = 0):
     corruptions = [Shift(*c) for c in corruptions]
     scene = [str(c) for c in corruptions if c.stage != PIXEL]
     if scene:
-        raise ValueError(f"{', '.join(scene)}: a scene shift is rendered by the environment (its scene_shifts=), "
+        raise ShiftError(f"{', '.join(scene)}: a scene shift is rendered by the environment (its scene_shifts=), "
                          "not applied to observations")
     rng = np.random.default_rng(seed)
 

@@ -38,7 +38,7 @@ def env_kwargs_from_task(task, image_keys: list[str], image_size: int | None = N
                          lowdim_keys: list[str] = ()) -> dict:
     """Constructor arguments for the task's environment (a TaskConfig), rendering the cameras
     ``image_keys`` that the policy reads, under ``scene_shifts`` ``[(kind, severity), ...]`` (the scene
-    stage of ``envs.corruptions.parse_shifts``; none: clean, and the arguments of before), and reporting
+    stage of ``envs.shifts.parse_shifts``; none: clean, and the arguments of before), and reporting
     the cameras' poses where the policy reads one among ``lowdim_keys`` (``<camera>_camera``)."""
     kwargs = {"max_episode_steps": task.env.max_episode_steps}
     if task.name in ("lift", "can"):  # robosuite's camera CAM renders the observation key CAM_image

@@ -32,7 +32,6 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .corruptions import parse_scene_shifts
 from .scene_shifts import (
     COLOUR_MIX,
     PUSHT_MOVE_PX,
@@ -45,6 +44,7 @@ from .scene_shifts import (
     scene_draws,
     scene_randomization_for,
 )
+from .shifts import parse_scene_shifts
 
 WORKSPACE = 512.0
 GOAL_POSE = np.array([256.0, 256.0, math.pi / 4])  # x, y, angle of the goal T (gym-pusht's fixed goal)

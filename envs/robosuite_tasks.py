@@ -44,9 +44,9 @@ from robosuite.controllers.composite.composite_controller_factory import (  # no
 
 from common.camera_pose import CAMERA_POSE_SUFFIX, POSE_DIM, pose_vector  # noqa: E402
 
-from .corruptions import parse_scene_shifts  # noqa: E402
 from .robosuite_scene import RobosuiteScene  # noqa: E402
 from .scene_shifts import check_one_scene_source, scene_draws, scene_randomization_for  # noqa: E402
+from .shifts import parse_scene_shifts  # noqa: E402
 
 TASK_TO_ENV_NAME = {"lift": "Lift", "can": "PickPlaceCan"}
 ENV_NAME_TO_TASK = {v: k for k, v in TASK_TO_ENV_NAME.items()}

@@ -26,8 +26,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-# the vocabulary, read here; SCENE_KINDS and scene_kinds_of are re-exported for callers that still import them from here
-from .shifts import SCENE_KINDS, SCENE_SEVERITIES, TRAINING_RANGE, parse_randomised_kinds, scene_kinds_of  # noqa: F401
+from .shifts import SCENE_SEVERITIES, TRAINING_RANGE, parse_randomised_kinds
+from .shifts import SCENE_KINDS, scene_kinds_of  # noqa: F401  # studies/ still imports this (studies/suite.py); its home is envs.shifts
 
 # the severity word of a randomised episode's generator (scene_random_state): the fixed severities are 1-3,
 # so a randomised scene never draws the directions of an evaluation shift of the same seed
@@ -113,13 +113,6 @@ class SceneRandomization(NamedTuple):
                 "training_range": f"severities 1-{self.max_severity} in range, above out of range"}
 
 
-def parse_scene_randomization(kinds, max_severity: int, task: str) -> SceneRandomization | None:
-    """``scene_randomization=`` / ``scene_randomization_max=`` of generate_demos.py, read by the vocabulary's one
-    parser (``envs.shifts.parse_randomised_kinds``: kinds, ``"all"``, refusals in one line); None: clean scenes."""
-    parsed = parse_randomised_kinds(kinds, max_severity, task)
-    return None if parsed is None else SceneRandomization(*parsed)
-
-
 def in_training_range(kind: str, severity: int, randomization: SceneRandomization | None) -> bool:
     """An evaluation shift ``kind:severity`` lies within what demonstrations randomised by ``randomization``
     showed (its kind randomised, its severity at most the max); None (clean demonstrations): never."""
@@ -128,11 +121,12 @@ def in_training_range(kind: str, severity: int, randomization: SceneRandomizatio
 
 def scene_randomization_for(randomization, task: str) -> SceneRandomization | None:
     """An environment's ``scene_randomization=``: a ``SceneRandomization`` (or its ``(kinds, max_severity)``)
-    checked for ``task``; None: none."""
+    checked for ``task`` by the vocabulary's parser (``envs.shifts.parse_randomised_kinds``); None: none."""
     if randomization is None:
         return None
     kinds, max_severity = randomization
-    return parse_scene_randomization(list(kinds), max_severity, task)
+    parsed = parse_randomised_kinds(list(kinds), max_severity, task)
+    return None if parsed is None else SceneRandomization(*parsed)
 
 
 def check_one_scene_source(shifts, randomization) -> None:

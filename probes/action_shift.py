@@ -8,7 +8,7 @@ image corrupted; its first executed action (index To-1) against the demonstrator
 ``action_change`` (mean ||a' - a||) and ``action_bias`` (the norm of its mean: a drift every state shares,
 which a closed loop accumulates), ``gripper_flips`` (the share of windows whose gripper command changes
 sign) and ``feature_change`` (as ``feature_shift``). With the rollout success under the same corruption
-(``<run>/eval/<kind><severity>/summary.json``, the study's folder), a Spearman rank correlation of each
+(``<run>/eval/<tag>/summary.json``, the study's folder, e.g. ``eval/contrast2``), a Spearman rank correlation of each
 measure with it across the checkpoints says which measure predicts the rollouts.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from datasets.factory import make_dataset
 from datasets.sampler import SequenceDataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
 from envs.corruptions import corrupt
+from envs.shifts import Shift
 from probes.feature_shift import encoder_input, measure_all, relative_change, save
 
 ROBOSUITE_TASKS = ("lift", "can")  # their last action dimension is the gripper (open < 0 < closed)
@@ -38,12 +39,12 @@ def windows(policy, meta, frames: int) -> dict[str, np.ndarray]:
     return {k: torch.stack([it[k] for it in items]).numpy() for k in items[0]}
 
 
-def corrupted(batch: dict[str, np.ndarray], image_keys: list[str], kind: str, severity: int) -> dict[str, np.ndarray]:
+def corrupted(batch: dict[str, np.ndarray], image_keys: list[str], shift: Shift) -> dict[str, np.ndarray]:
     """Every image of every window corrupted, as the rollouts corrupt every camera image."""
     out = dict(batch)
     for k in image_keys:
         imgs = batch[k]  # (F, To, H, W, C) uint8
-        out[k] = np.stack([corrupt(im, kind, severity) for im in imgs.reshape(-1, *imgs.shape[2:])]).reshape(imgs.shape)
+        out[k] = np.stack([corrupt(im, *shift) for im in imgs.reshape(-1, *imgs.shape[2:])]).reshape(imgs.shape)
     return out
 
 
@@ -55,7 +56,7 @@ def first_actions(policy, batch: dict[str, np.ndarray]) -> torch.Tensor:
     return policy.predict_action_chunk(obs)[:, 0]  # (F, Ta, Da) -> (F, Da)
 
 
-def rollout_success(checkpoint, kind: str, severity: int) -> float | None:
+def rollout_success(checkpoint, shift: Shift) -> float | None:
     """The success of this checkpoint's rollouts under the corruption (the study's folder), or None where there
     are none that evaluate these weights: a summary of another checkpoint, an unfinished or damaged one is
     named on stderr and not counted."""
@@ -67,7 +68,7 @@ def rollout_success(checkpoint, kind: str, severity: int) -> float | None:
     from policies.checkpoint import resolve_checkpoint
 
     ckpt = resolve_checkpoint(checkpoint)
-    path = run_path(run_of(ckpt), "eval", f"{kind}{severity}", "summary.json")
+    path = run_path(run_of(ckpt), "eval", shift.tag, "summary.json")
     if not path.exists():
         return None
     try:
@@ -80,11 +81,11 @@ def rollout_success(checkpoint, kind: str, severity: int) -> float | None:
     return summary["success_rate"]
 
 
-def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
+def measure(checkpoint, frames: int, shift: Shift) -> dict:
     meta = read_checkpoint_meta(checkpoint)
     policy = load_policy(checkpoint).eval()
     clean = windows(policy, meta, frames)
-    shifted = corrupted(clean, policy.config.image_keys, kind, severity)
+    shifted = corrupted(clean, policy.config.image_keys, shift)
     demo = torch.from_numpy(clean["action"][:, policy.config.n_obs_steps - 1]).float()  # (F, Da): the demonstrator's "now"
     a, b = first_actions(policy, clean), first_actions(policy, shifted)
     enc = policy.obs_encoder
@@ -97,13 +98,13 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
     arm = slice(None, -1) if gripper else slice(None)
     return {"checkpoint": str(checkpoint), "attention": att["kind"], "windows": att.get("windows", "paper"),
             "mask_mode": att.get("mask_mode", "additive"), "input_norm": meta["policy_config"]["vit"].get("input_norm", "fixed"),
-            "corruption": f"{kind}:{severity}", "frames": frames,
+            "corruption": str(shift), "frames": frames,
             "action_error": {"clean": float((a - demo)[:, arm].norm(dim=1).mean()),
                              "corrupted": float((b - demo)[:, arm].norm(dim=1).mean())},
             "action_change": float((b - a)[:, arm].norm(dim=1).mean()),
             "action_bias": float((b - a)[:, arm].mean(0).norm()),  # a drift every window shares: closed loop, it adds up
             "gripper_flips": float((torch.sign(a[:, -1]) != torch.sign(b[:, -1])).float().mean()) if gripper else None,
-            "feature_change": feature_change, "rollout_success": rollout_success(checkpoint, kind, severity)}
+            "feature_change": feature_change, "rollout_success": rollout_success(checkpoint, shift)}
 
 
 def spearman(x, y) -> float:

@@ -21,7 +21,8 @@ from core.config import TaskConfig, from_dict
 from core.preflight import replace_file
 from datasets.factory import make_dataset
 from policies.checkpoint import load_policy, read_checkpoint_meta
-from envs.corruptions import corrupt, parse_shifts
+from envs.corruptions import corrupt
+from envs.shifts import PIXEL, Shift, parse_shift
 from probes.diversity import encoder_input, head_diversity
 
 
@@ -68,21 +69,21 @@ def stages(vit, x: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def frames_of(checkpoint, frames: int, kind: str, severity: int):
-    """(first camera's ViT, checkpoint meta, clean images, corrupted images) on ``frames`` dataset frames."""
+def frames_of(checkpoint, frames: int, shift: Shift):
+    """(first camera's ViT, checkpoint meta, clean images, images under ``shift``) on ``frames`` dataset frames."""
     meta = read_checkpoint_meta(checkpoint)
     policy = load_policy(checkpoint)
     data = make_dataset(from_dict(TaskConfig, meta["cfg"]["task"]), meta["policy_config"]["input_shapes"])
     key = policy.config.image_keys[0]
     idx = np.linspace(0, data.num_frames - 1, frames).astype(int)
     clean = data.data[key][idx]  # (F, H, W, C) uint8
-    shifted = np.stack([corrupt(im, kind, severity) for im in clean])
+    shifted = np.stack([corrupt(im, *shift) for im in clean])
     enc = policy.obs_encoder
     return enc.vits[0], meta, encoder_input(enc, key, clean), encoder_input(enc, key, shifted)
 
 
-def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
-    vit, meta, clean_x, shifted_x = frames_of(checkpoint, frames, kind, severity)
+def measure(checkpoint, frames: int, shift: Shift) -> dict:
+    vit, meta, clean_x, shifted_x = frames_of(checkpoint, frames, shift)
     a, b = stages(vit, clean_x), stages(vit, shifted_x)
     rows = {}
     for name in a:
@@ -94,15 +95,19 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
         else:
             rows[name] = relative_change(a[name], b[name])
     return {"checkpoint": str(checkpoint), "attention": meta["policy_config"]["vit"]["attention"]["kind"],
-            "input_norm": meta["policy_config"]["vit"].get("input_norm", "fixed"), "frames": frames, "corruption": f"{kind}:{severity}", "stages": rows}
+            "input_norm": meta["policy_config"]["vit"].get("input_norm", "fixed"), "frames": frames, "corruption": str(shift), "stages": rows}
 
 
-def corruption_arg(text: str) -> tuple[str, int]:
-    """argparse type of ``KIND:SEVERITY`` (``envs.corruptions``)."""
+def corruption_arg(text: str) -> Shift:
+    """argparse type of ``KIND:SEVERITY``, by the vocabulary's parser (``envs.shifts``)."""
     try:
-        return parse_shifts(text)[0]
+        shift = parse_shift(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if shift.stage != PIXEL:  # the probes change dataset frames, which no simulator renders again
+        raise argparse.ArgumentTypeError(f"{shift}: a scene shift is rendered by the simulator, and the probes corrupt "
+                                         "dataset frames: give a pixel corruption, e.g. --corruption brightness:1")
+    return shift
 
 
 def measure_all(argv, prog: str, doc: str, measure, corruption: bool = True, vit_only: bool = True,
@@ -122,7 +127,7 @@ def measure_all(argv, prog: str, doc: str, measure, corruption: bool = True, vit
     if into_run:
         parser.add_argument("--into-run", action="store_true", help="also write each result into its run's eval/")
     args = parser.parse_args(argv)
-    shift = args.corruption if corruption else ()
+    shift = (args.corruption,) if corruption else ()  # a probe that takes none measures (checkpoint, frames)
     try:
         if args.json:
             check_output_dir(Path(args.json).parent, "--json's folder")
@@ -133,8 +138,6 @@ def measure_all(argv, prog: str, doc: str, measure, corruption: bool = True, vit
         results = [measure(c, args.frames, *shift) for c in args.checkpoints]
     except (ValueError, OSError, KeyError) as exc:
         parser.error(" ".join(str(exc).split("\n")))
-    if corruption:
-        args.corruption = "{}:{}".format(*shift)
     return args, results
 
 

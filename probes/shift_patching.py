@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from envs.shifts import Shift
 from probes.feature_shift import frames_of, measure_all, relative_change, save
 
 
@@ -62,8 +63,8 @@ def components(vit) -> list[tuple[str, frozenset]]:
     return out
 
 
-def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
-    vit, meta, clean_x, shifted_x = frames_of(checkpoint, frames, kind, severity)
+def measure(checkpoint, frames: int, shift: Shift) -> dict:
+    vit, meta, clean_x, shifted_x = frames_of(checkpoint, frames, shift)
     f_clean, clean = run(vit, clean_x)
     f_shift, _ = run(vit, shifted_x)
     r0 = relative_change(f_clean, f_shift)
@@ -73,7 +74,7 @@ def measure(checkpoint, frames: int, kind: str, severity: int) -> dict:
         shares[label] = 1.0 - relative_change(f_clean, f) / r0
     att = meta["policy_config"]["vit"]["attention"]
     return {"checkpoint": str(checkpoint), "attention": att["kind"], "windows": att.get("windows", "paper"),
-            "mask_mode": att.get("mask_mode", "additive"), "corruption": f"{kind}:{severity}", "frames": frames,
+            "mask_mode": att.get("mask_mode", "additive"), "corruption": str(shift), "frames": frames,
             "output_change": r0, "share_through": shares}
 
 

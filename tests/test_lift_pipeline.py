@@ -9,6 +9,7 @@ from core.evaluation import evaluate_checkpoint
 from core.training import train
 from datasets.describe import describe
 from datasets.generate import generate
+from envs.shifts import Shift
 from tests.helpers import TINY_POLICY, compose
 
 
@@ -96,16 +97,16 @@ def test_action_shift_sees_no_change_without_a_corruption_and_reads_the_rollouts
                  "train.val_fraction=0.5", "train.checkpoint_every=1", *TINY_POLICY]
     train(compose(overrides))
     run = tmp_path / "run"
-    same = measure(run, 6, "brightness", 0)
+    same = measure(run, 6, Shift("brightness", 0))  # severity 0: the frames unchanged
     assert same["action_change"] == same["action_bias"] == same["gripper_flips"] == same["feature_change"] == 0.0
     assert same["action_error"]["clean"] == same["action_error"]["corrupted"] > 0 and same["rollout_success"] is None
     (run / "eval" / "contrast2").mkdir(parents=True)  # where the robustness study's setting contrast2 writes it
     (run / "eval" / "contrast2" / "summary.json").write_text(json.dumps({"success_rate": 0.4}))
-    moved = measure(run, 6, "contrast", 2)
+    moved = measure(run, 6, Shift("contrast", 2))
     # a summary that does not say it evaluates these weights is not counted
     assert moved["action_change"] > 0 and moved["feature_change"] > 0 and moved["rollout_success"] is None
     evaluated = evaluate_checkpoint(run, num_episodes=2, max_steps=2, corruption="contrast:2", progress=False, num_videos=0,
                                     out_dir=run / "eval" / "contrast2", overwrite=True)
-    assert measure(run, 6, "contrast", 2)["rollout_success"] == evaluated["success_rate"]
+    assert measure(run, 6, Shift("contrast", 2))["rollout_success"] == evaluated["success_rate"]
     assert spearman([1, 2, 3, 4], [8, 6, 4, 2]) == pytest.approx(-1.0) and spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.866, abs=1e-3)
     assert correlations([moved, moved]) == {}  # fewer than 3 checkpoints with rollouts: no correlation

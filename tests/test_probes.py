@@ -59,3 +59,7 @@ def test_the_encoder_analyses_end_a_bad_checkpoint_or_corruption_in_one_line(mod
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--corruption", "bright"])
     assert "corruption='bright': give KIND:SEVERITY" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a dataset frame cannot be rendered again under another light
+        main([str(tmp_path), "--corruption", "lighting:2"])
+    err = capsys.readouterr().err
+    assert "lighting:2: a scene shift is rendered by the simulator" in err and err.count("\n") == 1

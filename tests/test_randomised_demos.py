@@ -15,7 +15,8 @@ import zarr  # noqa: E402
 from datasets.describe import describe  # noqa: E402
 from datasets.factory import read_dataset  # noqa: E402
 from datasets.generate import generate  # noqa: E402
-from envs.scene_shifts import TRAINING_RANGE, SceneRandomization, at_severity, in_training_range  # noqa: E402
+from envs.scene_shifts import SceneRandomization, at_severity, in_training_range  # noqa: E402
+from envs.shifts import TRAINING_RANGE  # noqa: E402
 from core.config import compose  # noqa: E402
 
 LIFT_SIZE = 32  # px: the smallest frames keep the Lift generations to seconds

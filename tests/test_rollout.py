@@ -167,9 +167,9 @@ def test_rollout_under_a_corruption_is_recorded_and_named(tiny_checkpoint, tmp_p
 
 @pytest.mark.parametrize("bad", ["brightness", "brightness:4", "haze:1", "brightness:x"])
 def test_an_unknown_corruption_is_refused_before_anything_loads(bad, tmp_path):
-    from envs.corruptions import CorruptionError
+    from envs.shifts import ShiftError
 
-    with pytest.raises(CorruptionError, match="give KIND:SEVERITY"):
+    with pytest.raises(ShiftError, match="give KIND:SEVERITY"):
         _rollout(f"checkpoint={tmp_path / 'no_such_run'}", f"corruption={bad}")
 
 
