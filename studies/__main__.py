@@ -75,7 +75,7 @@ def show(study, budget, results: Path) -> None:
     from studies.study import check
 
     cells, trained, done, evals, records = study.cells(budget, results), 0, 0, 0, load(results, study.name)
-    for cell, cfg in zip(cells, check(study, budget, cells)):  # composed as `run` would: a mistake is one line
+    for cell, cfg in zip(cells, check(study, budget, cells)[0]):  # composed as `run` would: a mistake is one line
         progress = cell.progress(cfg.train.steps)
         if not cell.run_dir.exists() and (kept := records_of_training(records, to_dict(cfg), budget.recipe)):
             progress += f", {len(kept)} record{'s' * (len(kept) > 1)} of it kept (run trains it again)"  # its directory was removed

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from core.preflight import replace_file
 from core.stats import EQUIVALENCE_FLOOR, EQUIVALENCE_MARGIN, Estimate
-from studies.evidence import FIXES
+from studies.catalog import FIXES
 from studies.figures import adoption_figure
 from studies.measure import adoption, claims, fix_table, floors, load_all, lottery
 from studies.pages import claims_page, fill_blocks, fix_pages, study_table

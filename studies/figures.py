@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from common.figures import save_png
-from studies.evidence import ADOPT_SHIFT_FLOOR
+from studies.catalog import ADOPT_SHIFT_FLOOR
 
 BAR_WIDTH = 0.2  # of one fix's group (four conditions at most: clean and three scene kinds)
 LABEL_WIDTH = 14  # characters per line of a fix's name under its group

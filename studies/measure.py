@@ -1,6 +1,5 @@
-"""The one loop: each claim row's records looked up and compared, and the other tables' rows (fixes, adoption,
-the seed lottery), as numbers. ``studies.pages`` renders them; ``python -m studies.claims`` writes them.
-The claims are rows of data (``studies/evidence.py``); ``measure`` looks up one row's records and compares them.
+"""The one loop: each claim row's records looked up and compared, and the other tables' rows (fixes, adoption, the seed
+lottery, blind floors), as numbers. The rows are data (``studies/catalog.py``); ``studies.pages`` renders them.
 Verdicts: ``core.stats.verdict``; Holm's correction over each claim's measured rows.
 """
 from __future__ import annotations
@@ -11,24 +10,29 @@ from pathlib import Path
 
 import numpy as np
 
-from core.stats import (BOTH_FAIL, EQUIVALENCE_MARGIN, UNRESOLVED, Estimate, bootstrap_difference,
-                        bootstrap_rate, equivalent_text, holm, verdict, wilson_interval)
-from studies.catalog import STUDIES
-from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, CLAIMS, COLLAPSE, FEW, FIXES, FULL, LOTTERY, NO_CAMERA,
-                              SCENE_FIXES, TASKS, VERDICT_SEEDS, Arm, Claim, scene, with_overrides)
-from studies.records import Record, condition_text, load
+from core.stats import BOTH_FAIL, EQUIVALENCE_MARGIN, UNRESOLVED, Estimate, bootstrap_difference, bootstrap_rate, equivalent_text, holm, \
+    verdict, wilson_interval
+from studies.catalog import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, ARMS, CLAIMS, COLLAPSE, FIXES, LOTTERY, SCENE_FIXES, SETTINGS, STUDIES,
+                             TASKS, VERDICT_SEEDS, VARIANTS, Claim, Fix, scene, variant)
+from studies.records import Record, canonical, condition_text, load
+from studies.study import Arm
 
 SCALE = {"success": (100, 0), "coverage": (1, 3), "head_diversity": (1, 3)}  # a measure's display: factor, decimals
 NOT_MEASURED, NOT_MEASURED_TEXT = "—", "not measured yet"
 NOT_ABOVE_FLOOR = "✗"  # a row whose success is not resolved above its task's blind floor
 ROUNDING = 1e-9  # float error of a difference of means of k/n rates, far below one episode
 SIDES = {"supported": "better than full attention", "contradicted": "worse than full attention"}  # a baseline claims nothing
+FEW = f"fewer than {VERDICT_SEEDS} seeds"  # a task whose rows all rest on fewer seeds than a verdict needs
 
 
 def outcomes(recs: list[Record]) -> list[np.ndarray]:
     """Each seed's outcomes, in seed order (the bootstrap draws seed by seed): 0/1 per episode, or the seed's one value."""
     return [np.r_[np.ones(r.successes), np.zeros(r.episodes - r.successes)] if r.measure == "success" else np.array([r.seed_value()])
             for r in sorted(recs, key=lambda r: r.seed)]
+
+
+def rate(recs: list[Record] | None) -> Estimate | None:
+    return bootstrap_rate(outcomes(recs)) if recs else None
 
 
 def rows_of(records: list[Record]) -> dict[tuple, list[Record]]:
@@ -50,31 +54,32 @@ def pct(d: Estimate, sign=True, measure="success") -> str:
 def value_text(recs: list[Record]) -> str:
     """Mean [95% CI] over seeds, then each seed's value (k/n for one seed's episodes)."""
     m = recs[0].measure
-    est, values = pct(bootstrap_rate(outcomes(recs)), False, m), [o.mean() for o in outcomes(recs)]
+    est, values = pct(rate(recs), False, m), [o.mean() for o in outcomes(recs)]
     if m != "success":
         return f"{est} ({', '.join(f'{v:.3f}' for v in values)})"
     per_seed = "/".join(f"{100 * v:.0f}" for v in values) if len(recs) > 1 else f"{recs[0].successes}/{recs[0].episodes}"
     return f"{est.replace(' [', '% [', 1)} ({per_seed})"
 
 
-def pick(records: list[Record], task: str, policy: str, arm: Arm, condition: dict, measure: str, steps=None) -> list[Record] | None:
-    """The arm's row with the most seeds (older single-seed rows stay in the tables); overrides less ``train.steps``."""
+def pick(records: list[Record], task: str, policy: str, arm: Arm, extra: dict, condition: dict, measure="success", steps=None):
+    """``arm`` trained with ``extra`` overrides: its row with the most seeds (older single-seed rows stay in the tables),
+    overrides compared in their canonical form (``studies.records.canonical``)."""
+    want = canonical({k: v for k, v in {**arm.overrides, **extra}.items() if k != "attention"})
     found = rows_of([r for r in records if (r.task, r.policy, r.attention, r.condition, r.measure) == (task, policy, arm.attention,
-                     condition, measure) and steps in (None, r.steps) and
-                     {k: v for k, v in r.overrides.items() if k != "train.steps"} == arm.overrides])
+                     condition, measure) and steps in (None, r.steps) and canonical(r.overrides) == want])
     return max(found.values(), key=len, default=None)
 
 
-def pair(records, task, policy, arm: Arm, condition: dict, baseline: Arm, measure="success"):
+def pair(records, task, policy, arm: Arm, extra: dict, condition: dict, baseline: Arm, measure="success"):
     """The records of ``arm`` and of ``baseline`` (the latter under ``condition`` less its attention settings), trained as long."""
-    base = pick(records, task, policy, baseline, {k: v for k, v in condition.items() if k != "attention"}, measure)
-    return pick(records, task, policy, arm, condition, measure, base and base[0].steps), base
+    base = pick(records, task, policy, baseline, extra, {k: v for k, v in condition.items() if k != "attention"}, measure)
+    return pick(records, task, policy, arm, extra, condition, measure, base and base[0].steps), base
 
 
 def compare(a: list[Record], b: list[Record], claim_sign: int = 1, side_only: bool = False) -> dict:
     """Mean of ``a`` minus mean of ``b`` as numbers (each side's estimate, the difference with its p-values), and the verdict."""
     m = a[0].measure
-    d, sides = bootstrap_difference(outcomes(a), outcomes(b)), (bootstrap_rate(outcomes(a)), bootstrap_rate(outcomes(b)))
+    d, sides = bootstrap_difference(outcomes(a), outcomes(b)), (rate(a), rate(b))
     v = verdict(d, claim_sign, EQUIVALENCE_MARGIN, sides) if m == "success" else verdict(d, claim_sign)
     v = SIDES.get(v, v) if side_only else v
     seeds = min(len(a), len(b))
@@ -99,10 +104,9 @@ def rates_text(row: dict) -> str:
     return f"{row['arm'].mean:.3f} (per seed {', '.join(f'{v:.3f}' for v in row['per_seed'])})"
 
 
-def effect_against(a: list[Record], b: list[Record]) -> dict:
+def effect_against(a: list[Record], b: list[Record]) -> Estimate:
     """``a`` minus ``b`` (an ``Estimate``, its ``seeds`` those of ``b``: a table names them where fewer than a verdict needs)."""
-    d = bootstrap_difference(outcomes(a), outcomes(b))
-    return replace(d, seeds=len(b))
+    return replace(bootstrap_difference(outcomes(a), outcomes(b)), seeds=len(b))
 
 
 def pooled(records: dict[str, list[Record]], studies) -> list[Record]:
@@ -116,15 +120,23 @@ def pooled(records: dict[str, list[Record]], studies) -> list[Record]:
 
 
 def study_records(records: dict[str, list[Record]], study: str) -> list[Record]:
-    """A study's records and those of the studies whose cells it shares (``Study.shares``), each cell counted once."""
+    """A study's records and those of the studies whose run directories are some of its cells (``Study.shares``)."""
     return pooled(records, (study, *(STUDIES[study].shares if study in STUDIES else ())))
+
+
+def where(c: Claim) -> str:
+    """How a claim row names its setting, and the training both sides share beyond the papers' setting."""
+    v = variant(c.variant)
+    return SETTINGS[c.setting].label + (f" ({v.note or v.label})" if v.overrides else "")
 
 
 def measure(c: Claim, records: dict[str, list[Record]]) -> dict:
     """The one loop's body: a claim row's records, compared."""
-    a, b = pair(study_records(records, c.study), c.task, c.policy, c.arm, c.condition, c.baseline, c.measure)
-    return {"claim": c.claim, "measurement": f"{c.task} {c.policy}, {c.where}, {c.arm.label} − {c.baseline.label}", "task": c.task,
-            "study": c.study, "counts": not (c.side_only or c.arm.authors),
+    arm, base = ARMS[c.arm], ARMS[c.baseline]
+    a, b = pair(study_records(records, c.study), c.task, c.policy, arm, variant(c.variant).overrides, SETTINGS[c.setting].condition,
+                base, c.measure)
+    return {"claim": c.claim, "measurement": f"{c.task} {c.policy}, {where(c)}, {arm.label} − {base.label}", "task": c.task,
+            "study": c.study, "counts": not (c.side_only or arm.authors),
             **(compare(a, b, c.sign, c.side_only) if a and b else {"verdict": NOT_MEASURED})}
 
 
@@ -166,54 +178,50 @@ def task_counts(verdicts: dict[str, list[tuple[str, str]]]) -> list[list[str]]:
     """claims.md's table: each task's verdict with its row counts, and on how many tasks each verdict holds."""
     out = []
     for claim, per_task in verdicts.items():
-        kinds = dict.fromkeys(["supported", "contradicted", "not resolved", BOTH_FAIL, FEW, "not measured", "mixed",
-                               *(k for k, _ in per_task)])
+        kinds = dict.fromkeys(["supported", "contradicted", "not resolved", BOTH_FAIL, FEW, "not measured", "mixed", *(k for k, _ in per_task)])
         count = {k: sum(kind == k for kind, _ in per_task) for k in kinds}
-        out.append([claim, *(kind + n for kind, n in per_task),
-                    ", ".join(f"{k} on {n}" for k, n in count.items() if n) + f" of {len(TASKS)} tasks"])
+        out.append([claim, *(kind + n for kind, n in per_task), ", ".join(f"{k} on {n}" for k, n in count.items() if n) + f" of {len(TASKS)} tasks"])
     return out
 
 
 def lottery(records: dict[str, list[Record]]) -> list[dict]:
     """How many training seeds of each encoder collapse under each condition (the papers' setting), Wilson interval."""
     out = []
-    for study, task, policy, arm, condition in LOTTERY:
-        if recs := sorted(pick(records.get(study, []), task, policy, arm, condition, "success") or [], key=lambda r: r.seed):
+    for study, task, policy, arm, setting in LOTTERY:
+        condition = SETTINGS[setting].condition
+        if recs := sorted(pick(records.get(study, []), task, policy, ARMS[arm], {}, condition) or [], key=lambda r: r.seed):
             k = sum(r.successes / r.episodes < COLLAPSE for r in recs)
-            out.append({"encoder": arm.label, "condition": condition_text(condition, " "), "collapsed": k, "seeds": len(recs),
+            out.append({"encoder": ARMS[arm].label, "condition": condition_text(condition, " "), "collapsed": k, "seeds": len(recs),
                         "wilson": list(wilson_interval(k, len(recs))), "per_seed": {r.seed: r.successes / r.episodes for r in recs}})
     return out
 
 
-def lottery_table(rows: list[dict]) -> list[list]:
-    return [[r["encoder"], r["condition"], f"{r['collapsed']} of {r['seeds']}", f"[{100 * r['wilson'][0]:.0f}, {100 * r['wilson'][1]:.0f}]%",
-             " ".join(f"s{s} {100 * v:.0f}" for s, v in r["per_seed"].items())] for r in rows]
+def fix_side(records: dict[str, list[Record]], fix: Fix, arm: str, fixed: bool, condition: dict) -> list[Record] | None:
+    """``arm`` on the fix's base, with the fix or without it, under ``condition``: from the study that holds that side."""
+    study, extra = (fix.study, {**VARIANTS[fix.base].overrides, **variant(fix.variant).overrides}) if fixed else \
+        (fix.base_study or fix.study, VARIANTS[fix.base].overrides)
+    task, policy = STUDIES[fix.study].tasks[0], STUDIES[fix.study].policies[0]
+    return pick(study_records(records, study), task, policy, ARMS[arm], extra, condition)
 
 
 FIX_AGAINST = ("full attention", "itself without", "full attention, with the fix")  # a fix table's three differences
 
 
-def fix_table(records: dict[str, list[Record]], fix) -> list[dict]:
+def fix_table(records: dict[str, list[Record]], fix: Fix) -> list[dict]:
     """A training-side fix per encoder and condition, against full attention on the recipe's input, the encoder
     itself without the fix, and full attention with the fix (each None where it is the row itself or not measured)."""
-    records, out = study_records(records, fix.study), []
-    conditions = sorted({json.dumps(r.condition): r.condition for r in records}.values(), key=lambda c: (c != {}, condition_text(c)))
-    for arm, c in ((with_overrides(a, fix.base), c) for a in fix.encoders for c in conditions):
-        fixed = with_overrides(arm, fix.overrides)
-        if not (row := pick(records, fix.task, fix.policy, fixed, c, "success")):
+    conditions = sorted({json.dumps(r.condition): r.condition for r in study_records(records, fix.study)}.values(),
+                        key=lambda c: (c != {}, condition_text(c)))
+    out = []
+    for arm, c in ((a, c) for a in fix.encoders for c in conditions):
+        if not (row := fix_side(records, fix, arm, True, c)):
             continue
-        full = with_overrides(FULL, fix.base)
-        against = dict(zip(FIX_AGAINST, (full, arm if arm != full else None, with_overrides(full, fix.overrides) if arm != full else None)))
-        bases = {k: b and pair(records, fix.task, fix.policy, fixed, c, b)[1] for k, b in against.items()}
-        out.append({"encoder": arm.label, "condition": condition_text(c, " "), "seeds": len(row),
-                    "success": bootstrap_rate(outcomes(row)), **{k: effect_against(row, base) if base else None for k, base in bases.items()}})
+        plain = {k: v for k, v in c.items() if k != "attention"}
+        bases = dict(zip(FIX_AGAINST, (fix_side(records, fix, "full", False, plain), *(
+            (fix_side(records, fix, arm, False, plain), fix_side(records, fix, "full", True, plain)) if arm != "full" else (None, None)))))
+        out.append({"encoder": ARMS[arm].label, "condition": condition_text(c, " "), "seeds": len(row), "success": rate(row),
+                    **{k: effect_against(row, base) if base else None for k, base in bases.items()}})
     return out
-
-
-def fix_rows(rows: list[dict]) -> list[list]:
-    """A fix table as text: each difference in points, naming the other side's seeds where fewer than a verdict needs."""
-    text = lambda d: "—" if d is None else pct(d) + " points" + f" (against {d.seeds} seed{'s' * (d.seeds > 1)})" * (d.seeds < VERDICT_SEEDS)
-    return [[r["encoder"], r["condition"], r["seeds"], r["success"].fmt(), *(text(r[k]) for k in FIX_AGAINST)] for r in rows]
 
 
 def adoption(records: dict[str, list[Record]]) -> list[dict]:
@@ -221,19 +229,17 @@ def adoption(records: dict[str, list[Record]]) -> list[dict]:
     Each row carries the fix's and the recipe's success per condition (``Estimate`` or None) for the table and the figure."""
     out = []
     for fix in (FIXES[name] for name in SCENE_FIXES):
-        recs, conditions = study_records(records, fix.study), {"clean": {}, **{s.where: s.condition for s in scene(fix.task)}}
+        conditions = {"clean": {}, **{s.label: s.condition for s in scene(STUDIES[fix.study].tasks[0])}}
         for encoder in fix.encoders:
-            recipe = with_overrides(encoder, fix.base)
-            rows = {side: {name: pick(recs, fix.task, fix.policy, arm, c, "success") for name, c in conditions.items()}
-                    for side, arm in (("fix", with_overrides(recipe, fix.overrides)), ("recipe", recipe))}
+            rows = {side: {name: fix_side(records, fix, encoder, side == "fix", c) for name, c in conditions.items()} for side in ("fix", "recipe")}
             if not any(rows["fix"].values()):
                 continue
-            rates = {side: {name: bootstrap_rate(outcomes(r)) if r else None for name, r in per.items()} for side, per in rows.items()}
+            rates = {side: {name: rate(r) for name, r in per.items()} for side, per in rows.items()}
             seeds, recipe_seeds = (min(len(r or ()) for r in rows[side].values()) for side in ("fix", "recipe"))
             clean = rates["fix"]["clean"], rates["recipe"]["clean"]
             gap = None if None in clean else clean[0].mean - clean[1].mean
-            out.append({"task": fix.task, "fix": fix.label, "encoder": encoder.label, "seeds": seeds, "recipe_seeds": recipe_seeds,
-                        "clean_gap": gap, "verdict": adopted(rates["fix"], gap, seeds), "success": rates})
+            out.append({"task": STUDIES[fix.study].tasks[0], "fix": variant(fix.variant).label, "encoder": ARMS[encoder].label, "seeds": seeds,
+                        "recipe_seeds": recipe_seeds, "clean_gap": gap, "verdict": adopted(rates["fix"], gap, seeds), "success": rates})
     return out
 
 
@@ -249,26 +255,13 @@ def adopted(fix: dict[str, Estimate | None], gap: float | None, seeds: int) -> s
     return f"does not hold: {', '.join(broken)}" if broken else "holds"
 
 
-def adoption_table(rows: list[dict]) -> tuple[list[list], list[str]]:
-    """claims.md's adoption table (the fix's success clean and under each scene shift, its clean gap to the recipe, the
-    verdict) and the names of its shift columns."""
-    shifts = list(dict.fromkeys(name for r in rows for name in r["success"]["fix"] if name != "clean"))
-    fmt = lambda e: "—" if e is None else e.fmt()
-    return [[r["task"], r["fix"], r["encoder"], r["seeds"], fmt(r["success"]["fix"]["clean"]),
-             "—" if r["clean_gap"] is None else f"{100 * r['clean_gap']:+.0f}",
-             *(fmt(r["success"]["fix"][name]) if name in r["success"]["fix"] else "not rendered" for name in shifts), r["verdict"]]
-            for r in rows], shifts
-
-
 def floors(records: dict[str, list[Record]]) -> dict[str, list[Record]]:
-    """Each task's blind floor: the clean records of its policy without a camera (``evidence.NO_CAMERA``), from any
+    """Each task's blind floor: the clean records of its policy without a camera (the variant ``no-camera``), from any
     study. Such a policy's actions never see a frame, so the same floor holds under every visual shift."""
-    blind = {}
-    for recs in records.values():
-        for r in recs:
-            deleted = NO_CAMERA.get(r.task)
-            if deleted and r.measure == "success" and not r.condition and deleted.items() <= r.overrides.items():
-                blind.setdefault(r.task, []).append(r)
+    blind, deleted = {}, canonical(VARIANTS["no-camera"].overrides).items()
+    for r in (r for recs in records.values() for r in recs):
+        if r.measure == "success" and not r.condition and deleted <= canonical(r.overrides).items():
+            blind.setdefault(r.task, []).append(r)
     return {task: max(rows_of(recs).values(), key=len) for task, recs in blind.items()}  # the row with the most seeds
 
 
@@ -282,12 +275,6 @@ def above_floor(recs: list[Record], floor: list[Record] | None) -> str:
     return pct(d) + ("" if d.lo > 0 else f" {NOT_ABOVE_FLOOR}")
 
 
-def markdown(header: list[str], rows: list[list]) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
-
-
 def load_all(results: Path) -> dict[str, list[Record]]:
     """Every study's records (the catalog's and any other folder's), all read before anything is written."""
     return {study: load(results, study) for study in sorted({*STUDIES, *(p.parent.name for p in results.glob("*/records.jsonl"))})}
-
-

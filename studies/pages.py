@@ -14,15 +14,16 @@ from pathlib import Path
 import numpy as np
 
 from core.preflight import replace_file
-from core.stats import ALPHA, EQUIVALENCE_FLOOR, EQUIVALENCE_MARGIN, N_BOOT, UNRESOLVED, bootstrap_difference, bootstrap_rate
+from core.stats import ALPHA, EQUIVALENCE_FLOOR, EQUIVALENCE_MARGIN, N_BOOT, UNRESOLVED, bootstrap_difference
 from envs.shifts import SCENE_SEVERITIES, Shift
-from studies.catalog import AUGMENT, SHIFTED
-from studies.evidence import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, FULL, PIXEL, README_CONDITIONS, README_ROWS, RECIPES, TASKS,
-                              VERDICT_SEEDS, scene)
-from studies.measure import (COLLAPSE, FIXES, NOT_ABOVE_FLOOR, above_floor, floors, adoption_table, baseline_row, effect_against, effect_text, fix_rows, lottery_table,
-                            markdown, outcomes, pair, pct, pick, pooled, rates_text, rows_of, task_counts, task_verdicts, value_text)
+from studies.catalog import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, ARMS, COLLAPSE, FIXES, LIFT_CAP, PIXEL, README_ROWS, README_SETTINGS,
+                             RECIPES, SETTINGS, STUDIES, TASKS, VARIANTS, VERDICT_SEEDS, scene, variant)
+from studies.measure import (FIX_AGAINST, NOT_ABOVE_FLOOR, above_floor, baseline_row, effect_against, effect_text, floors, outcomes, pair, pct, pick,
+                             pooled, rate, rates_text, rows_of, task_counts, task_verdicts, value_text)
 from studies.records import Record, condition_text, overrides_text
 from studies.study import BUDGETS
+
+NOT_LOOKING = 0.15  # a row's mean vision reliance below this: the policy does not use its images (the blind floor measures 0)
 
 BLOCK = re.compile(r"(<!-- generated:([\w-]+) -->\n).*?(<!-- /generated:\2 -->)", re.S)
 RESOLVED = ("supported", "contradicted", "better than full attention", "worse than full attention")
@@ -45,13 +46,28 @@ resolved or equivalent verdict that would not survive Holm's correction over the
 full attention they fall."""
 
 
+def markdown(header: list[str], rows: list[list]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
+
+
+def pct_text(e) -> str:
+    return f"{100 * e.mean:.0f}%"
+
+
+def reliance_text(recs: list[Record]) -> str:
+    """The row's mean vision reliance over the seeds that measured it, "not looking" under ``NOT_LOOKING``; blank if none did."""
+    known = [r.reliance for r in recs if r.reliance is not None]
+    mean = sum(known) / len(known) if known else None
+    return "" if mean is None else f"{mean:.2f}" + " not looking" * (mean < NOT_LOOKING)
+
+
 def table_row(row: tuple, recs: list[Record], rows: dict, floor: list[Record] | None = None) -> list:
     r0, base = recs[0], rows.get(baseline_row(recs[0]))
     diff = pct(bootstrap_difference(outcomes(recs), outcomes(base)), measure=r0.measure) if base and baseline_row(r0) != row else ""
     cov = f"{sum(r.coverage * r.episodes for r in recs) / sum(r.episodes for r in recs):.3f}" if None not in [r.coverage for r in recs] else ""
     secs = [r.train_seconds for r in recs if r.train_seconds]
     return [r0.task, r0.policy, r0.attention, r0.steps, overrides_text(r0.overrides), condition_text(r0.condition), len(recs),
-            value_text(recs), diff, *([above_floor(recs, floor)] if floor is not None else []), cov,
+            value_text(recs), diff, *([above_floor(recs, floor)] if floor is not None else []), reliance_text(recs), cov,
             f"{np.mean(secs) / 60:.1f}" if secs else ""]
 
 
@@ -59,30 +75,28 @@ def study_table(study: str, records: list[Record], floors: dict[str, list[Record
     """A study's every row; where its task has a blind floor (``studies.measure.floors``), each row against it."""
     rows = rows_of(records)
     floors = {t: f for t, f in (floors or {}).items() if any(r.task == t and r.measure == "success" for r in records)}
-    with_floor = bool(floors)
-    body = sorted((table_row(r, rows[r], rows, floors.get(rows[r][0].task, []) if with_floor else None) for r in rows),
+    body = sorted((table_row(r, rows[r], rows, floors.get(rows[r][0].task, []) if floors else None) for r in rows),
                   key=lambda t: (*map(str, t[:5]), t[5] != "clean", t[5]))
     what, noun, intro, unit = ("success", "evaluations", SUCCESS_INTRO, " (points)") if all(r.measure == "success" for r in records) \
         else ("value", "measurements", VALUE_INTRO, "")
-    floor_text = FLOOR_INTRO if with_floor else ""
     return (f"# {study}\n\nWritten by `python -m studies.claims` from [records.jsonl](records.jsonl) ({len(records)} {noun}). "
-            f"{intro} Difference: to full attention's row{unit.replace(' (', ', in ').rstrip(')')} (docs/studies.md).{floor_text}\n\n"
-            + markdown(["task", "policy", "attention", "steps", "extra overrides", "condition", "seeds", f"{what} [95% CI] (per seed)",
-                        f"− full{unit} [95% CI]", *(["− no camera (points) [95% CI]"] if with_floor else []),
-                        "mean max coverage", "train minutes / seed"], body) + "\n")
+            f"{intro} Difference: to full attention's row{unit.replace(' (', ', in ').rstrip(')')} (docs/studies.md).{FLOOR_INTRO * bool(floors)}"
+            f"{RELIANCE_INTRO}\n\n" + markdown(["task", "policy", "attention", "steps", "extra overrides", "condition", "seeds",
+                                                f"{what} [95% CI] (per seed)", f"− full{unit} [95% CI]",
+                                                *(["− no camera (points) [95% CI]"] if floors else []), "reliance",
+                                                "mean max coverage", "train minutes / seed"], body) + "\n")
 
 
 FLOOR_INTRO = (f" − no camera: to the task's blind floor, a policy trained alike without any camera (its clean success, "
                f"which holds under every visual shift: it never sees a frame); {NOT_ABOVE_FLOOR}: not resolved above it, "
                "so the images have not been shown to help there.")
+RELIANCE_INTRO = (" Reliance: `python -m probes.vision_reliance` on the evaluated weights, mean over the seeds that measured it; "
+                  f"reliance under {NOT_LOOKING}: the policy does not use its images (the blind floor measures 0.00; recipe=cpu's "
+                  "Lift BC 0.41–0.53), marked not looking.")
 SUCCESS_INTRO = ("Success: mean over seeds of each seed's rate, 95% interval from a bootstrap over seeds, then episodes; per-seed "
                  "rates in brackets (k/n for one seed).")
 VALUE_INTRO = ("Value: one per training seed (head diversity: 1 − mean pairwise CKA of the heads' outputs), mean over seeds, "
                "95% interval from a bootstrap over seeds; per-seed values in brackets.")
-
-
-def pct_text(e) -> str:
-    return f"{100 * e.mean:.0f}%"
 
 
 def claim_sentence(claim: str, rows: list[dict]) -> str:
@@ -98,22 +112,38 @@ def claim_sentence(claim: str, rows: list[dict]) -> str:
     return text + "."
 
 
+def fmt(e) -> str:
+    return "—" if e is None else e.fmt()
+
+
+def adoption_table(rows: list[dict]) -> tuple[list[list], list[str]]:
+    """claims.md's adoption table (the fix's success clean and under each scene shift, its clean gap to the recipe, the
+    verdict) and the names of its shift columns."""
+    shifts = list(dict.fromkeys(name for r in rows for name in r["success"]["fix"] if name != "clean"))
+    return [[r["task"], r["fix"], r["encoder"], r["seeds"], fmt(r["success"]["fix"]["clean"]),
+             "—" if r["clean_gap"] is None else f"{100 * r['clean_gap']:+.0f}",
+             *(fmt(r["success"]["fix"][name]) if name in r["success"]["fix"] else "not rendered" for name in shifts), r["verdict"]]
+            for r in rows], shifts
+
+
 def claims_page(rows: list[dict], rule: list[dict], lots: list[dict], fixes: dict, records: dict) -> str:
     """results/claims.md, whole."""
     budget, verdicts = BUDGETS["cpu"], task_verdicts(rows)
-    method = METHOD.format(seeds=VERDICT_SEEDS, clean=budget.episodes, shifted=budget.shifted_episodes, cap=SHIFTED["max_steps"],
+    method = METHOD.format(seeds=VERDICT_SEEDS, clean=budget.episodes, shifted=budget.shifted_episodes, cap=LIFT_CAP,
                            boot=N_BOOT, margin=f"{100 * EQUIVALENCE_MARGIN:.0f}", floor=f"{100 * EQUIVALENCE_FLOOR:.0f}",
                            tests=sum("difference" in r for r in rows), alpha=f"{100 * ALPHA:.0f}")
     claims_table = markdown(["claim (paper)", "measurement", "value, mean [95% CI] (success, or head diversity)", "effect [95% CI]",
                              "seeds", "verdict"], [[r["claim"], r["measurement"], rates_text(r), effect_text(r),
                                                    " vs ".join(map(str, r.get("n_seeds", ()))), r["verdict"]] for r in rows])
     adoption, shifts = adoption_table(rule)
+    lottery = [[r["encoder"], r["condition"], f"{r['collapsed']} of {r['seeds']}", f"[{100 * r['wilson'][0]:.0f}, {100 * r['wilson'][1]:.0f}]%",
+                " ".join(f"s{s} {100 * v:.0f}" for s, v in r["per_seed"].items())] for r in lots]
     fix_links = ", ".join(f"[{path.split('/')[0]}]({path})" for path in fix_pages(fixes))
     studies = ", ".join(f"[{s}]({s}/table.md)" for s, recs in records.items() if recs)
     return "\n\n".join([
         "# Claims of the two papers, tested at the CPU budget",
         "Written whole by `python -m studies.claims` from the records (`results/<study>/records.jsonl`) and the claim rows of "
-        "`studies/evidence.py`; edits by hand are overwritten. What it means, and why the sparse encoders break: "
+        "`studies/catalog.py`; edits by hand are overwritten. What it means, and why the sparse encoders break: "
         "[docs/findings.md](../docs/findings.md).",
         "## Method", method,
         "## Per task", f"Each claim on each of the papers' three tasks (rows of {VERDICT_SEEDS}+ seeds; the authors' settings † "
@@ -130,38 +160,43 @@ def claims_page(rows: list[dict], rule: list[dict], lots: list[dict], fixes: dic
                   *(f"{name}, mean [95% CI]" for name in shifts), "the rule"], adoption),
         "## The seed lottery",
         f"Training seeds whose success falls below {COLLAPSE:.0%} under a pixel corruption (Lift BC, the papers' setting):",
-        markdown(["encoder (papers' setting)", "condition", f"seeds under {COLLAPSE:.0%}", "95% Wilson interval", "per-seed success"],
-                 lottery_table(lots)),
+        markdown(["encoder (papers' setting)", "condition", f"seeds under {COLLAPSE:.0%}", "95% Wilson interval", "per-seed success"], lottery),
         "## Every study's table", studies + "."]) + "\n"
+
+
+def fix_rows(rows: list[dict]) -> list[list]:
+    """A fix table as text: each difference in points, naming the other side's seeds where fewer than a verdict needs."""
+    text = lambda d: "—" if d is None else pct(d) + " points" + f" (against {d.seeds} seed{'s' * (d.seeds > 1)})" * (d.seeds < VERDICT_SEEDS)
+    return [[r["encoder"], r["condition"], r["seeds"], r["success"].fmt(), *(text(r[k]) for k in FIX_AGAINST)] for r in rows]
 
 
 def fix_pages(fixes: dict[str, list[dict]]) -> dict[str, str]:
     """``<study>/fixes.md`` per study holding a fix: each fix's table (per encoder and condition, three differences)."""
     pages = {}
     for name, rows in ((name, rows) for name, rows in fixes.items() if rows):
-        fix = FIXES[name]
-        header = [f"encoder, {fix.label}", "condition", "seeds", "success, mean [95% CI]", f"− full attention ({fix.base_label})",
-                  "− itself without it", f"− full attention with {fix.label}"]
-        section = f"## {fix.label} ({fix.task} {fix.policy}, on {fix.base_label})\n\n" + markdown(header, fix_rows(rows))
+        fix, label, base = FIXES[name], variant(FIXES[name].variant).label, VARIANTS[FIXES[name].base]
+        task, policy = STUDIES[fix.study].tasks[0], STUDIES[fix.study].policies[0]
+        header = [f"encoder, {label}", "condition", "seeds", "success, mean [95% CI]", f"− full attention ({base.note or base.label})",
+                  "− itself without it", f"− full attention with {label}"]
+        section = f"## {label} ({task} {policy}, on {base.note or base.label})\n\n" + markdown(header, fix_rows(rows))
         pages[f"{fix.study}/fixes.md"] = pages.get(f"{fix.study}/fixes.md", f"# Training fixes in {fix.study}\n\nWritten by "
                                                    "`python -m studies.claims` from the records ([claims](../claims.md)).") + "\n\n" + section
     return {path: text + "\n" for path, text in pages.items()}
 
 
-def percent_cells(records: list[Record], recipe, condition: dict) -> list[list[Record] | None]:
-    return [pick(records, recipe.task, recipe.policy, arm, condition, "success") for arm in recipe.arms]
+def recipe_cells(records: list[Record], recipe, condition: dict) -> list[list[Record] | None]:
+    return [pick(records, recipe.task, recipe.policy, ARMS[a], variant(recipe.variant).overrides, condition) for a in recipe.arms]
 
 
 def recipes_block(records: dict, rows: list[dict]) -> str:
     """The README's recipe table: each recipe's clean success per encoder and its training minutes per seed."""
     out = []
     for recipe in RECIPES:
-        recs = pooled(records, recipe.studies)
-        cells = percent_cells(recs, recipe, {})
+        cells = recipe_cells(pooled(records, recipe.studies), recipe, {})
         found = [c for c in cells if c]
         seeds = sorted({len(c) for c in found})
-        success = " / ".join(pct_text(bootstrap_rate(outcomes(c))) if c else "—" for c in cells)
-        success = f"{recipe.arms[0].label}: {success}" if len(recipe.arms) == 1 else success  # one encoder measured
+        success = " / ".join(pct_text(rate(c)) if c else "—" for c in cells)
+        success = f"{ARMS[recipe.arms[0]].label}: {success}" if len(recipe.arms) == 1 else success  # one encoder measured
         if found and found[0][0].coverage is not None:
             success += " (mean max coverage " + " / ".join(f"{np.mean([r.coverage for r in c]):.2f}" for c in found) + ")"
         minutes = sorted({f"{r.train_seconds / 60:.0f}" for c in found for r in c if r.train_seconds}, key=float)
@@ -169,22 +204,20 @@ def recipes_block(records: dict, rows: list[dict]) -> str:
         out.append([recipe.task, recipe.label, recipe.pieces, f"{success}, {seeds_text}" if found else "not measured",
                     f"{'–'.join(dict.fromkeys([minutes[0], minutes[-1]]))} min" if minutes else ""])
     return markdown(["task", "policy", "`recipe=cpu` (pieces under `configs/recipe/`)", "clean success: " + " / ".join(
-        a.label.split(" (")[0] for a in RECIPES[0].arms), "training minutes per seed (1 thread, on 2 CPU cores)"], out)
+        ARMS[a].label.split(" (")[0] for a in RECIPES[0].arms), "training minutes per seed (1 thread, on 2 CPU cores)"], out)
 
 
-def shift_text(recs, recipe, condition) -> str:
-    (full, *_), name = percent_cells(recs, recipe, condition), " ".join(Shift(*s).label for s in condition["corruption"])
-    return f"{name} {pct_text(bootstrap_rate(outcomes(full)))}" if full else f"{name} —"
+def shift_name(condition: dict) -> str:
+    return " ".join(Shift(*s).label for s in condition.get("corruption", [])) or "clean"
 
 
-def against_full(recs, recipe, arm, conditions: list[dict]) -> str:
+def against_full(recs, recipe, arm: str, conditions: list[dict]) -> str:
     """An encoder against full attention on the recipe: clean, then every shift whose interval excludes 0."""
     out = []
     for c in conditions:
-        a, b = pair(recs, recipe.task, recipe.policy, arm, c, recipe.arms[0])
+        a, b = pair(recs, recipe.task, recipe.policy, ARMS[arm], variant(recipe.variant).overrides, c, ARMS[recipe.arms[0]])
         if a and b and (c == {} or (d := effect_against(a, b)).lo > 0 or d.hi < 0):
-            name = " ".join(Shift(*s).label for s in c.get("corruption", [])) or "clean"
-            out.append(f"{name} {pct(effect_against(a, b))}")
+            out.append(f"{shift_name(c)} {pct(effect_against(a, b))}")
     return "; ".join(out) or "—"
 
 
@@ -194,11 +227,10 @@ def pick_block(records: dict, rows: list[dict]) -> str:
     out = []
     for recipe in (r for r in RECIPES if r.pick):
         recs = pooled(records, recipe.studies)
-        pixel = [s.condition for s in PIXEL]
-        shifts = [s.condition for s in scene(recipe.task)]
-        full = percent_cells(recs, recipe, {})[0]
-        out.append([recipe.task, f"{recipe.policy}, `recipe=cpu`", pct_text(bootstrap_rate(outcomes(full))) if full else "—",
-                    ", ".join(shift_text(recs, recipe, c) for c in pixel), ", ".join(shift_text(recs, recipe, c) for c in shifts),
+        pixel, shifts = [s.condition for s in PIXEL], [s.condition for s in scene(recipe.task)]
+        full = lambda c: recipe_cells(recs, recipe, c)[0]
+        under = lambda cs: ", ".join(f"{shift_name(c)} {pct_text(rate(full(c))) if full(c) else '—'}" for c in cs)
+        out.append([recipe.task, f"{recipe.policy}, `recipe=cpu`", pct_text(rate(full({}))) if full({}) else "—", under(pixel), under(shifts),
                     *(against_full(recs, recipe, arm, [{}, *pixel, *shifts]) for arm in recipe.arms[1:])])
     return markdown(["task", "train", "full attention, clean", "under the pixel corruptions", "under the scene shifts (severity 2)",
                      "Fibottention − full (points; clean, and where resolved)", "LookHere-90 − full (likewise)"], out)
@@ -207,21 +239,21 @@ def pick_block(records: dict, rows: list[dict]) -> str:
 def evidence_block(records: dict, rows: list[dict]) -> str:
     """Mean success per README row and condition, and its difference to full attention (seed counts other than VERDICT_SEEDS named)."""
     out = []
-    for label, arm, clean_study, shifted_study, task, policy in README_ROWS:
+    for label, arm, vid, clean_study in README_ROWS:
         cells = []
-        for c in README_CONDITIONS:
-            row, base = pair(records.get(clean_study if c == {} else shifted_study, []), task, policy, arm, c, FULL)
+        for c in (SETTINGS[s].condition for s in README_SETTINGS):
+            recs = records.get(clean_study if c == {} else "robustness", [])
+            base = pick(recs, "lift", "bc", ARMS["full"], {}, c)  # full attention in the papers' setting
+            row = pick(recs, "lift", "bc", ARMS[arm], VARIANTS[vid].overrides, c, steps=base and base[0].steps)
             seeds = row and (f"{len(row)} seeds" * (len(row) != VERDICT_SEEDS))
-            diff = row and base and arm != FULL and pct(effect_against(row, base)).replace("-", "−")
-            cells.append("—" if not row else pct_text(bootstrap_rate(outcomes(row))) + (
-                f" ({diff}{'; ' * bool(seeds)}{seeds})" if diff else f" ({seeds})" * bool(seeds)))
+            diff = row and base and (arm, vid) != ("full", "papers") and pct(effect_against(row, base)).replace("-", "−")
+            cells.append("—" if not row else pct_text(rate(row)) + (f" ({diff}{'; ' * bool(seeds)}{seeds})" if diff else f" ({seeds})" * bool(seeds)))
         out.append([label, *cells])
     return markdown(["encoder", "clean", "brightness +0.1", "contrast ×0.5"], out)
 
 
 def tasks_block(records: dict, rows: list[dict]) -> str:
-    verdicts = task_verdicts(rows)
-    return markdown(["claim (paper)", *TASKS], [[c, *(k for k, _ in per_task)] for c, per_task in verdicts.items()])
+    return markdown(["claim (paper)", *TASKS], [[c, *(k for k, _ in per_task)] for c, per_task in task_verdicts(rows).items()])
 
 
 CAMERA_STUDIES = ("scene_training", "camera")  # the studies that train for the scene and the camera on top of recipe=cpu
@@ -234,23 +266,20 @@ def camera_block(records: dict, rows: list[dict]) -> str:
     out = []
     for task, floor in floors(records).items():
         # the floor never sees a frame: its clean success is its success under every camera shift
-        out.append([task, "no camera (the floor)", len(floor), *[pct_text(bootstrap_rate(outcomes(floor)))] * len(CAMERA_CONDITIONS)])
+        out.append([task, "no camera (the floor)", len(floor), *[pct_text(rate(floor))] * len(CAMERA_CONDITIONS)])
         recs = [r for study in CAMERA_STUDIES for r in records.get(study, []) if r.task == task and r.attention == "full"]
         for overrides in dict.fromkeys(json.dumps(r.overrides, sort_keys=True) for r in recs):
             mine = [r for r in recs if json.dumps(r.overrides, sort_keys=True) == overrides]
             cells = [[r for r in mine if r.condition == c] for c in CAMERA_CONDITIONS]
             if not all(cells):
                 continue  # a variant not measured under every camera shift
-            label = overrides_text({k: v for k, v in json.loads(overrides).items() if k not in AUGMENT}) or "recipe=cpu"
+            label = overrides_text({k: v for k, v in json.loads(overrides).items() if k not in VARIANTS["augment"].overrides}) or "recipe=cpu"
             out.append([task, label, max(len(c) for c in cells),
-                        *(pct_text(bootstrap_rate(outcomes(c))) + (f" {NOT_ABOVE_FLOOR}" if NOT_ABOVE_FLOOR in above_floor(c, floor)
-                                                                  else "") for c in cells)])
-    return markdown(["task", "training (full attention, on top of `recipe=cpu`)", "seeds", "clean",
-                     *(f"camera {s}" for s in SCENE_SEVERITIES)], out)
+                        *(pct_text(rate(c)) + (f" {NOT_ABOVE_FLOOR}" if NOT_ABOVE_FLOOR in above_floor(c, floor) else "") for c in cells)])
+    return markdown(["task", "training (full attention, on top of `recipe=cpu`)", "seeds", "clean", *(f"camera {s}" for s in SCENE_SEVERITIES)], out)
 
 
-BLOCKS = {"tasks": tasks_block, "evidence": evidence_block, "recipes": recipes_block, "which-to-pick": pick_block,
-          "camera": camera_block}
+BLOCKS = {"tasks": tasks_block, "evidence": evidence_block, "recipes": recipes_block, "which-to-pick": pick_block, "camera": camera_block}
 
 
 def fill_blocks(page: Path, records: dict, rows: list[dict]) -> None:

@@ -6,7 +6,8 @@
 wrote into it (what was evaluated: the checkpoint's step, the episode cap and the evaluation's identity come
 from the summary, never from the config), so any plain ``train_policy.py`` + ``rollout.py`` run becomes
 records, as the study runner's do. A record set holding one evaluation twice is refused, never counted twice. Overrides
-and condition are mappings, never words to parse; lines of older code are read through ``upgrade``.
+and condition are mappings, never words to parse; numbers are numbers. ``reliance`` comes from the run's
+``eval/vision_reliance.json`` (``python -m probes.vision_reliance RUN --into-run``) for evaluations of the same weights.
 A record replaces one of the same key (the same training, measured again under the same condition).
 """
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import re
 import subprocess
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -32,7 +32,8 @@ PAPERS_SETTING = {"policy.image_aug.brightness": "0.0", "policy.image_aug.contra
 NOT_EXTRA = ("seed", "policy.vit.attention.", "policy.input_shapes.", "policy.action_dim", "policy.crop_size", "policy.name",
              "task.dataset.format")
 LOCK_NAME = ".records.lock"  # beside records.jsonl, held while one process merges its records in (git ignores it)
-OPTIONAL = ("measure", "value", "detail", "provenance", "machine", "max_steps", "evaluation")  # written only where set
+OPTIONAL = ("measure", "value", "detail", "provenance", "machine", "max_steps", "evaluation", "reliance")  # written only where set
+RELIANCE_FILE = ("eval", "vision_reliance.json")  # inside a run: where probes.vision_reliance --into-run writes
 EVALUATION_ID_CHARS = 16  # of the sha256 of an evaluation's identity: what tells two records of one evaluation apart
 
 
@@ -57,6 +58,7 @@ class Record:
     machine: str = ""  # where it was trained and evaluated (CPU, torch's kernels): the same seed differs across them
     max_steps: int | None = None  # the episode cap the evaluation ran under (older records: not recorded)
     evaluation: str = ""  # the evaluation's identity, hashed (core.eval_identity): one evaluation, one record
+    reliance: float | None = None  # probes.vision_reliance on the evaluated weights: 0 = the policy ignores its images
 
     def __post_init__(self):  # frozen: the one place the overrides' order and the condition's form are set
         for name in ("successes", "episodes", "steps", "seed"):
@@ -80,6 +82,12 @@ class Record:
         return self.coverage if self.measure == "coverage" else self.value
 
 
+def canonical(overrides: dict) -> dict:
+    """Overrides as a comparison sees them: "+key" is "key" (adding a key the recipe lacks), "~key" and "key=null"
+    are both None (a key deleted), and ``train.steps`` aside (a record names its steps itself)."""
+    return {k.lstrip("+~"): None if k.startswith("~") or v == "null" else v for k, v in overrides.items() if k != "train.steps"}
+
+
 def overrides_text(overrides: dict) -> str:
     """The overrides as they are typed on the command line (tables show them so)."""
     return " ".join(k if v is None else f"{k}={v}" for k, v in overrides.items())
@@ -99,30 +107,6 @@ def condition_text(condition: dict, sep: str = "") -> str:
     return " ".join(parts) or "clean"
 
 
-def upgrade(line: dict) -> dict:
-    """A record line as today's ``Record`` takes it. Lines of before typed records hold ``extra``, the
-    overrides space-separated ("+k=v", "~k"), and ``condition`` as words ("brightness1 112px global_slope=0.75
-    seed100050"); the lines of today pass unchanged."""
-    if "extra" not in line:
-        return line
-    line = dict(line)
-    overrides = dict((w.split("=", 1) + [None])[:2] for w in line.pop("extra").split())
-    condition = {}
-    for word in line["condition"].split():
-        if word == "clean":
-            continue
-        elif re.fullmatch(r"\d+px", word):
-            condition["image_size"] = int(word[:-2])
-        elif re.fullmatch(r"seed\d+", word):
-            condition["seed_start"] = int(word[4:])
-        elif "=" in word:
-            k, v = word.split("=", 1)
-            condition.setdefault("attention", {})[k] = json.loads(v)
-        else:  # a corruption tag: kind and severity, "+"-joined
-            condition["corruption"] = [[m[1], int(m[2])] for m in re.finditer(r"([a-z_]+)(\d+)", word)]
-    return {**line, "overrides": overrides, "condition": condition}
-
-
 def load(results: Path, study: str) -> list[Record]:
     """The study's records; a line that is not one, or one that repeats another line's measurement (the same
     key, or the same evaluation), ends in one line naming the file and the lines."""
@@ -130,7 +114,7 @@ def load(results: Path, study: str) -> list[Record]:
     out, seen = [], {}
     for n, line in enumerate(path.read_text().splitlines() if path.exists() else [], 1):
         try:
-            record = Record(**upgrade(json.loads(line))) if line.strip() else None
+            record = Record(**json.loads(line)) if line.strip() else None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"{path} line {n} is not a record ({' '.join(str(exc).split())[:120]}): "
                              f"restore it from version control or delete that line") from None
@@ -188,15 +172,29 @@ def extra_overrides(cfg: dict, recipe: str) -> dict:
 
 
 def condition_of(summary: dict) -> dict:
-    """The inference options an evaluation changed, from its summary.json (its fields, no words parsed but a
-    corruption that an older summary names by its tag only: ``upgrade``)."""
-    condition = {k: summary[k] for k in ("image_size",) if summary.get(k)}
+    """The inference options an evaluation changed, from its summary.json: its shifts, image size and attention
+    settings, then every other option its identity names (camera_pose=nominal, n_action_steps=...), and its first seed."""
+    from core.inference import ATTENTION_OPTIONS
+
+    ident = summary["identity"]
+    other = {k: v for k, v in ident["inference"].items() if k not in ("image_size", *ATTENTION_OPTIONS)}
+    condition = {k: summary[k] for k in ("image_size",) if summary.get(k)} | other
     condition |= {"attention": summary["attention_overrides"]} if summary.get("attention_overrides") else {}
     if summary.get("seed_start", EVAL_SEED_START) != EVAL_SEED_START:
         condition["seed_start"] = summary["seed_start"]
-    corruption = summary.get("corruptions") or (summary.get("corruption") and upgrade(
-        {"extra": "", "condition": summary["corruption"]})["condition"]["corruption"])
-    return {**condition, **({"corruption": [list(c) for c in corruption]} if corruption else {})}
+    return {**condition, **({"corruption": [list(c) for c in ident["shifts"]]} if ident["shifts"] else {})}
+
+
+def reliance_of(run_dir: Path, weights: str) -> float | None:
+    """The run's vision reliance (RUN/eval/vision_reliance.json, read through ``run_path``: a link is refused) when it
+    measured the weights of sha256 ``weights``, else None (none measured, or another checkpoint's)."""
+    path = run_path(run_dir, *RELIANCE_FILE)
+    try:
+        found = json.loads(path.read_text()) if path.is_file() else {}
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{path} is not JSON ({' '.join(str(exc).split())[:80]}): measure it again with "
+                         f"python -m probes.vision_reliance {run_dir} --into-run") from None
+    return float(found["reliance"]) if isinstance(found, dict) and found.get("weights_sha256") == weights else None
 
 
 RUN_CONFIG_KEYS = ("task", "policy", "attention", "train", "seed")  # what a record names its training by
@@ -291,6 +289,7 @@ def records_of_run(run_dir: Path, recipe: str = "cpu", settings: list[str] | Non
         except NotComparable as exc:
             raise ValueError(f"{exc}: evaluate it again before recording it") from None
         evaluated = evaluation_fields(s, path, cfg)
+        evaluated["reliance"] = reliance_of(run_dir, s["identity"]["weights_sha256"])
         try:
             record = Record(**common, **evaluated, condition=condition_of(s), successes=s["successes"],
                             episodes=s["num_episodes"], coverage=s.get("mean_max_coverage"), machine=machine_text(trained, s))

@@ -1,13 +1,17 @@
 """Claims as rows of data: a new condition, task or claim is a row, measured by the one loop."""
 
 import studies.measure
-from studies.catalog import STUDIES
-from studies.evidence import CLAIMS, FIB, TASKS, Claim, Setting, grid
+from studies.catalog import ARMS, CLAIMS, SETTINGS, STUDIES, TASKS, VARIANTS, Claim, grid
+from studies.pages import adoption_table, fix_rows
 from studies.records import Record, save
+
+AUGMENT, COLOUR, SHIFT, WRIST = (VARIANTS[v].overrides for v in ("augment", "colour", "shift", "wrist"))
 
 
 def test_every_claim_row_names_a_study_a_task_and_its_rows_stand_together():
     assert {c.study for c in CLAIMS} <= {*STUDIES, "diversity"} and {c.task for c in CLAIMS} <= set(TASKS)
+    # each row names its arms, setting and variant by id, each defined once
+    assert all({c.arm, c.baseline} <= set(ARMS) and c.setting in SETTINGS and c.variant in VARIANTS for c in CLAIMS)
     order = [c.claim for c in CLAIMS]
     assert all(order.index(c) == i or order[i - 1] == c for i, c in enumerate(order))  # each claim's rows in one block
     assert {c.measure for c in CLAIMS} == {"success", "head_diversity"}
@@ -26,8 +30,7 @@ def test_a_new_condition_is_a_row_and_reads_equivalent_or_holm_marked(tmp_path, 
     noise = {"corruption": [["gaussian_noise", 2]]}
     save(tmp_path, "robustness", [*_seeds("full", {}, 98), *_seeds("fibottention", {}, 97),
                                   *_seeds("full", noise, 90), *_seeds("fibottention", noise, 82)])
-    rows = grid("More robust to corruptions (Fibottention)", [("robustness", "lift", "bc")], [FIB],
-                [Setting("clean"), Setting("gaussian noise 2", noise)])
+    rows = grid("More robust to corruptions (Fibottention)", [("robustness", "lift", "bc")], ["fibottention"], ["clean", "gaussian_noise2"])
     monkeypatch.setattr(studies.measure, "CLAIMS", rows)
     clean, noisy = studies.measure.claims(studies.measure.load_all(tmp_path))
     assert clean["measurement"] == "lift bc, clean, Fibottention − full" and clean["verdict"] == "equivalent within ±5 points"
@@ -45,14 +48,14 @@ def test_a_new_condition_is_a_row_and_reads_equivalent_or_holm_marked(tmp_path, 
 
 
 def test_a_row_without_records_says_so_and_a_claim_about_a_new_task_is_data(tmp_path, monkeypatch):
-    row = Claim("Better task success (Fibottention)", "can", "can", "bc", FIB, "clean")
+    row = Claim("Better task success (Fibottention)", "can", "can", "bc", "fibottention", "clean")
     monkeypatch.setattr(studies.measure, "CLAIMS", [row])
     assert studies.measure.claims(studies.measure.load_all(tmp_path))[0] | {} == {"claim": row.claim, "measurement": "can bc, clean, Fibottention − full",
                                                       "task": "can", "study": "can", "counts": True, "verdict": "—"}
 
 
 def test_a_fix_on_top_of_the_recipe_is_compared_with_the_recipe_not_the_papers_setting(tmp_path):
-    from studies.evidence import AUGMENT, FIXES, SHIFT
+    from studies.catalog import FIXES
 
     camera = {"corruption": [["camera", 2]]}
 
@@ -71,18 +74,17 @@ def test_a_fix_on_top_of_the_recipe_is_compared_with_the_recipe_not_the_papers_s
 
 
 def test_the_resnet_baseline_is_its_own_arm_beside_full_attention_of_the_same_study(tmp_path):
-    from studies.evidence import RESNET
-
     resnet = [Record("lift", "bc", "full", 4000, {"policy.encoder": "resnet18"}, s, {}, 40, 50) for s in range(3)]
     save(tmp_path, "encoders", [*resnet, *_seeds("full", {}, 49, episodes=50)])
-    rows = [studies.measure.measure(c, studies.measure.load_all(tmp_path)) for c in CLAIMS if c.arm == RESNET and c.where == "clean"]
+    rows = [studies.measure.measure(c, studies.measure.load_all(tmp_path)) for c in CLAIMS
+            if (c.arm, c.setting, c.variant) == ("resnet18", "clean", "papers")]
     # 80% against 98%: the ResNet's records are not full attention's, though both say attention=full
     assert len(rows) == 1 and rows[0]["measurement"] == "lift bc, clean, ResNet-18 − full"
     assert pts(rows[0]["difference"]) == -18 and rows[0]["verdict"] == "worse than full attention"
 
 
 def test_the_recipe_on_another_task_is_compared_with_that_tasks_papers_setting_study(tmp_path):
-    from studies.evidence import AUGMENT, FIXES
+    from studies.catalog import FIXES
 
     def cell(task, policy, attention, overrides, successes, condition=None):
         return [Record(task, policy, attention, 15000, overrides, s, condition or {}, successes, 50) for s in range(3)]
@@ -100,17 +102,16 @@ def test_the_recipe_on_another_task_is_compared_with_that_tasks_papers_setting_s
 
 
 def test_hue_saturation_on_can_and_pusht_is_compared_with_each_tasks_recipe(tmp_path):
-    from studies.catalog import STUDIES
-    from studies.evidence import AUGMENT, COLOUR, FIXES
+    from studies.catalog import FIXES
 
     def cell(task, policy, attention, overrides, successes):
         return [Record(task, policy, attention, 15000, overrides, s, {}, successes, 50) for s in range(3)]
 
     # Can's recipe has the jitter, PushT's is the papers' setting: each fix sits on top of that, never on the other
-    assert STUDIES["can_scene_training"].variants == ({**AUGMENT, **COLOUR},)
-    assert STUDIES["pusht_scene_training"].variants == (COLOUR,)
-    assert not any(k.startswith("lighting") for k in STUDIES["pusht_scene_training"].settings)
-    assert {"colour1", "colour3", "camera3", "blur2"} <= set(STUDIES["pusht_scene_training"].settings)
+    assert [v.overrides for v in STUDIES["can_scene_training"].variants] == [{**AUGMENT, **COLOUR}]
+    assert [v.overrides for v in STUDIES["pusht_scene_training"].variants] == [COLOUR]
+    assert not any(s.id.startswith("lighting") for s in STUDIES["pusht_scene_training"].settings)
+    assert {"colour1", "colour3", "camera3", "blur2"} <= {s.id for s in STUDIES["pusht_scene_training"].settings}
     save(tmp_path, "can", cell("can", "bc", "full", {}, 10))  # the papers' setting: must not be Can's baseline
     save(tmp_path, "can_recipe", cell("can", "bc", "full", AUGMENT, 40))
     save(tmp_path, "can_scene_training", cell("can", "bc", "full", {**AUGMENT, **COLOUR}, 45))
@@ -125,7 +126,7 @@ def test_hue_saturation_on_can_and_pusht_is_compared_with_each_tasks_recipe(tmp_
 
 
 def test_a_fix_row_against_fewer_seeds_names_the_baselines_seeds(tmp_path):
-    from studies.evidence import AUGMENT, FIXES
+    from studies.catalog import FIXES
 
     camera = {"corruption": [["camera", 2]]}
     cell = lambda overrides, successes, seeds: [Record("pusht", "diffusion", "full", 15000, overrides, s, condition, successes, 30)
@@ -134,37 +135,33 @@ def test_a_fix_row_against_fewer_seeds_names_the_baselines_seeds(tmp_path):
     save(tmp_path, "pusht_recipe", cell(AUGMENT, 24, 3))
     clean, shifted = studies.measure.fix_table(studies.measure.load_all(tmp_path), FIXES["augment-pusht"])
     assert pts(clean["full attention"]) == 30 and clean["full attention"].seeds == 1
-    text = studies.measure.fix_rows([clean, shifted])
+    text = fix_rows([clean, shifted])
     assert text[0][4].startswith("+30 [") and text[0][4].endswith(" points (against 1 seed)")
     assert shifted["condition"] == "camera 2" and text[1][4].endswith(" points (against 1 seed)")
     save(tmp_path, "pusht", cell({}, 15, 3))
     again = studies.measure.fix_table(studies.measure.load_all(tmp_path), FIXES["augment-pusht"])
-    assert studies.measure.fix_rows(again)[1][4].endswith(" points")
+    assert fix_rows(again)[1][4].endswith(" points")
 
 
 def test_pushts_recipe_rows_are_its_papers_setting_study_and_cans_are_jittered():
-    from studies.evidence import AUGMENT
-
     pusht = [c for c in CLAIMS if c.task == "pusht"]
     # the recipe dropped the jitter on PushT: no claim row asks for a jittered PushT cell
-    assert pusht and all(c.study == "pusht" and not c.arm.overrides and not c.baseline.overrides for c in pusht)
-    assert {"gaussian noise 2", "blur 2", "colour 2", "camera 2"} <= {c.where for c in pusht}
+    assert pusht and all(c.study == "pusht" and c.variant == "papers" for c in pusht)
+    assert {"gaussian_noise2", "blur2", "colour2", "camera2"} <= {c.setting for c in pusht}
     can_recipe = [c for c in CLAIMS if c.study == "can_recipe"]
-    assert can_recipe and all(c.arm.overrides == c.baseline.overrides == AUGMENT for c in can_recipe)
+    assert can_recipe and all(c.variant == "augment" for c in can_recipe)
 
 
 def test_each_task_is_evaluated_under_the_scene_shifts_it_renders():
     for study in ("pusht", "pusht_recipe"):
-        assert [n for n in STUDIES[study].settings if n[-1] == "2" and n[:-1] in ("lighting", "colour", "camera")] == \
+        assert [s.id for s in STUDIES[study].settings if s.id[-1] == "2" and s.id[:-1] in ("lighting", "colour", "camera")] == \
             ["colour2", "camera2"]
-    assert {"lighting2", "colour2", "camera2"} <= set(STUDIES["can_recipe"].settings)
-    rows = [c.where for c in CLAIMS if c.study == "pusht" and c.claim.startswith("More robust to scene shifts")]
+    assert {"lighting2", "colour2", "camera2"} <= {s.id for s in STUDIES["can_recipe"].settings}
+    rows = [c.setting for c in CLAIMS if c.study == "pusht" and c.claim.startswith("More robust to scene shifts")]
     assert rows and not any(w.startswith("lighting") for w in rows)
 
 
 def test_a_resnet_row_takes_full_attention_from_the_studies_that_hold_its_cells_counting_each_cell_once(tmp_path):
-    from studies.evidence import AUGMENT, RESNET
-
     resnet = [Record("lift", "bc", "full", 4000, {"policy.encoder": "resnet18", **AUGMENT}, 0, {}, 50, 50)]
     # seeds 0-2 at 80%, recorded by two studies (the same run directories)
     full = [Record("lift", "bc", "full", 4000, AUGMENT, s, {}, 40, 50) for s in range(3)]
@@ -172,12 +169,11 @@ def test_a_resnet_row_takes_full_attention_from_the_studies_that_hold_its_cells_
     save(tmp_path, "robustness", full)
     save(tmp_path, "scene_training", full)
     row = next(studies.measure.measure(c, studies.measure.load_all(tmp_path)) for c in CLAIMS
-               if c.arm.label == RESNET.label and c.where == "clean (recipe=cpu's jitter)")
+               if (c.arm, c.setting, c.variant) == ("resnet18", "clean", "augment"))
     assert row["n_seeds"] == [1, 3] and pts(row["difference"]) == 20  # 100% against 80%, three seeds, not six
 
 
 def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_scene_shift(tmp_path):
-    from studies.evidence import AUGMENT, COLOUR, SHIFT, WRIST
     from studies.figures import adoption_figure
 
     shifts = [{"corruption": [[kind, 2]]} for kind in ("lighting", "colour", "camera")]
@@ -186,7 +182,7 @@ def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_s
         return [Record("lift", "bc", attention, 4000, overrides, s, c, k, n) for s in range(seeds)
                 for c, k, n in [({}, clean, 50), *((c, k, 30) for c, k in zip(conditions, under))]]
 
-    wrist = {f"+{k}": v for k, v in WRIST.items()}
+    wrist = {f"+{k}": v for k, v in WRIST.items()}  # as records name a key the recipe lacks: compared canonically
     save(tmp_path, "scene_training", [*cell("full", AUGMENT, 49, (30, 28, 13)),  # the recipe: camera 2 at 43%
                                       *cell("full", {**AUGMENT, **COLOUR}, 50, (30, 29, 12)),  # keeps clean, not the camera
                                       *cell("full", {**AUGMENT, **SHIFT}, 48, (28, 28, 27)),  # 96% clean (-2 points), >= 90%
@@ -203,7 +199,7 @@ def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_s
                         ("wrist camera", "full"): "1 seed (fewer than 3)"}
     shift = next(r for r in rows if r["fix"] == "random shift" and r["encoder"] == "full")
     assert shift["success"]["recipe"]["camera 2"].mean == 13 / 30 and shift["success"]["fix"]["clean"].mean == 48 / 50
-    table, names = studies.measure.adoption_table(rows)
+    table, names = adoption_table(rows)
     assert names == ["lighting 2", "colour 2", "camera 2"] and table[0][4].startswith("96% [") and table[0][5] == "-2"
     adoption_figure(rows, tmp_path / "a.png")
     adoption_figure(rows, tmp_path / "b.png")  # a rerun writes the same bytes (no version stamp)

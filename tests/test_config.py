@@ -139,8 +139,10 @@ def test_rollout_and_generate_parse_like_training():
 
 
 def test_the_photometric_augmentation_preset_is_what_the_augmentation_rows_trained():
-    from studies.evidence import AUGMENT
+    from studies.catalog import VARIANTS
     from studies.records import PAPERS_SETTING
+
+    AUGMENT = VARIANTS["augment"].overrides
 
     base = ["task=lift", "policy=bc", "attention=fibottention"]
     default = compose("config", base)  # recipe=cpu, which includes the preset since the augmentation rows

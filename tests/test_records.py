@@ -1,4 +1,4 @@
-"""Records as typed data: old lines read through one upgrade, damaged files named, head diversity measured into records."""
+"""Records as typed data: numbers as numbers, the condition and reliance of an evaluation, damaged files named, head diversity measured into records."""
 import json
 
 import pytest
@@ -6,23 +6,62 @@ import pytest
 from studies.records import Record, condition_text, load, overrides_text, save
 
 
-def test_an_old_line_is_read_through_the_upgrade_and_written_back_typed(tmp_path):
-    old = dict(task="lift", policy="bc", attention="fibottention", steps=4000, seed=1, successes=7, episodes=30, coverage=None,
-               train_seconds=None, commit="abc", extra="policy.vit.pool=cls +task.input_shapes.x=[3,84,84] ~task.input_shapes.y",
-               condition="contrast2+blur1 112px offset_grid=[10,10] w_max=33 seed100050")
-    (tmp_path / "s").mkdir()
-    (tmp_path / "s" / "records.jsonl").write_text(json.dumps(old) + "\n")
-    [record] = load(tmp_path, "s")
-    assert record.overrides == {"policy.vit.pool": "cls", "+task.input_shapes.x": "[3,84,84]", "~task.input_shapes.y": None}
+def test_a_line_is_typed_data_and_the_tables_render_it(tmp_path):
+    record = Record("lift", "bc", "fibottention", 4000, {"+task.input_shapes.x": "[3,84,84]", "~task.input_shapes.y": None,
+                                                         "policy.vit.pool": "cls"}, 1,
+                    {"corruption": [["contrast", 2], ["blur", 1]], "image_size": 112, "attention": {"w_max": 33, "offset_grid": [10, 10]},
+                     "seed_start": 100050}, 7, 30, reliance=0.42)
     assert list(record.overrides) == ["policy.vit.pool", "+task.input_shapes.x", "~task.input_shapes.y"]  # sorted by key
-    assert record.condition == {"corruption": [["contrast", 2], ["blur", 1]], "image_size": 112,
-                                "attention": {"offset_grid": [10, 10], "w_max": 33}, "seed_start": 100050}
-    # the tables name them as before
-    assert condition_text(record.condition) == old["condition"] and condition_text(record.condition, " ") .startswith("contrast 2+blur 1 ")
+    assert condition_text(record.condition) == "contrast2+blur1 112px offset_grid=[10,10] w_max=33 seed100050"
+    assert condition_text(record.condition, " ").startswith("contrast 2+blur 1 ")
     assert overrides_text(record.overrides) == "policy.vit.pool=cls +task.input_shapes.x=[3,84,84] ~task.input_shapes.y"
-    save(tmp_path, "s", [])  # rewritten in today's form, read back the same
+    save(tmp_path, "s", [record])
     line = json.loads((tmp_path / "s" / "records.jsonl").read_text())
-    assert "extra" not in line and line["overrides"] == record.overrides and load(tmp_path, "s") == [record]
+    assert line["reliance"] == 0.42 and line["successes"] == 7 and load(tmp_path, "s") == [record]  # numbers as numbers
+    save(tmp_path, "t", [Record("lift", "bc", "full", 4000, {}, 0, {}, 1, 2)])
+    assert "reliance" not in (tmp_path / "t" / "records.jsonl").read_text()  # written only where measured
+
+
+def test_another_inference_option_is_part_of_the_condition():
+    """camera_pose=nominal (and any option the identity names beyond shifts, image size and attention settings) keeps two
+    evaluations of one shift apart, and the tables name it."""
+    from studies.records import condition_of
+
+    def summary(**inference):
+        return {"identity": {"shifts": [["camera", 2]], "inference": inference}, "seed_start": 100000}
+
+    told = condition_of(summary(camera_pose="nominal"))
+    assert told == {"corruption": [["camera", 2]], "camera_pose": "nominal"} and condition_of(summary()) == {"corruption": [["camera", 2]]}
+    assert condition_text(told) == "camera2 camera_pose=nominal" and condition_text(condition_of(summary())) == "camera2"
+    both = {**summary(image_size=112, global_slope=0.75, n_action_steps=4), "image_size": 112, "attention_overrides": {"global_slope": 0.75}}
+    assert condition_of(both) == {"corruption": [["camera", 2]], "image_size": 112, "attention": {"global_slope": 0.75}, "n_action_steps": 4}
+
+
+def test_a_runs_reliance_is_read_for_the_same_weights_only(tmp_path):
+    from core.rundir import RunPathError
+    from studies.records import reliance_of
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "vision_reliance.json").write_text(json.dumps({"reliance": 0.05, "weights_sha256": "ab" * 32, "checkpoint_step": 4000}))
+    assert reliance_of(run, "ab" * 32) == 0.05 and reliance_of(run, "cd" * 32) is None  # another checkpoint's: nothing
+    assert reliance_of(tmp_path / "elsewhere", "ab" * 32) is None  # never measured
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "eval").symlink_to(run / "eval")
+    with pytest.raises(RunPathError, match="symbolic link"):
+        reliance_of(linked, "ab" * 32)
+
+
+def test_a_row_whose_policy_ignores_its_images_is_marked_not_looking():
+    from studies.pages import NOT_LOOKING, study_table
+
+    rows = [Record("lift", "bc", a, 4000, {}, s, {}, 40, 50, reliance=r) for a, rs in (("full", (0.5, 0.4, None)), ("fibottention", (0.1, 0.05, 0.0)))
+            for s, r in enumerate(rs)]
+    table = study_table("s", [*rows, Record("lift", "bc", "lookhere", 4000, {}, 0, {}, 40, 50)])
+    fib, full, lookhere = (line for line in table.splitlines() if line.startswith("| lift "))
+    assert NOT_LOOKING == 0.15 and "reliance under 0.15: the policy does not use its images" in table
+    assert " | 0.45 | " in full and " | 0.05 not looking | " in fib and " |  |  |  |" in lookhere  # mean of the seeds measured
 
 
 def test_a_damaged_line_ends_the_report_in_one_line_naming_the_file_and_the_line(tmp_path, capsys):

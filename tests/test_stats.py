@@ -47,13 +47,14 @@ def _records(root, study, rows):
 
 
 def test_the_claims_page_is_written_whole_comparing_each_method_with_full_attention(tmp_path):
+    from studies.catalog import ARMS
     from studies.claims import main
-    from studies.evidence import MULT
     from studies.measure import effect_text
 
     _records(tmp_path, "main", [("full", {}, {}, [(50, 50)] * 3), ("fibottention", {}, {}, [(49, 50), (50, 50), (48, 50)]),
                                 ("fibottention", {"train.steps": "4000"}, {}, [(50, 50)]),  # fewer seeds: the 3-seed row is used
-                                ("lookhere", {}, {}, [(25, 50)] * 3), ("fibottention", MULT.overrides, {}, [(40, 50)])])
+                                ("lookhere", {}, {}, [(25, 50)] * 3), ("fibottention", {"attention.mask_mode": "multiplicative"}, {}, [(40, 50)])])
+    assert ARMS["fibottention:mask_mode=multiplicative"].overrides["attention.mask_mode"] == "multiplicative"
     _records(tmp_path, "robustness", [(a, {}, c, [(k, n)] * 3) for a, bright in [("full", 30), ("fibottention", 3), ("bigbird", 3)]
                                       for c, k, n in [({}, 50, 50), (B1, bright, 30)]])
     (tmp_path / "claims.md").write_text("# Claims\n\nprose by hand\n")
@@ -67,7 +68,7 @@ def test_the_claims_page_is_written_whole_comparing_each_method_with_full_attent
     assert rows["lift bc, brightness 1, Fibottention − full"]["verdict"] == "contradicted"
     assert rows["lift bc, brightness 1, BigBird − full"]["verdict"] == "worse than full attention"
     assert effect_text(rows["lift bc, clean, Fibottention (robot windows) † − full"]) == "not measured yet"
-    sparsity = rows["lift bc, clean, Fibottention − the same with the public code's multiplicative mask †"]
+    sparsity = rows["lift bc, clean, Fibottention − Fibottention (multiplicative mask) †"]
     assert sparsity["difference"].mean == pytest.approx(0.98 - 0.8) and sparsity["verdict"] == "supported on 1 seed (fewer than 3)"
     md = (tmp_path / "claims.md").read_text()
     assert md.startswith("# Claims of the two papers") and "prose by hand" not in md  # generated whole
@@ -84,8 +85,10 @@ def test_the_claims_page_is_written_whole_comparing_each_method_with_full_attent
 
 
 def test_the_per_image_table_compares_the_fix_with_both_baselines_and_its_own_encoder(tmp_path):
+    from studies.catalog import VARIANTS
     from studies.claims import main
-    from studies.evidence import PER_IMAGE
+
+    PER_IMAGE = VARIANTS["per-image"].overrides
 
     def arm(a, extra, clean, bright):
         return [(a, extra, {}, [(clean, 50)] * 3), (a, extra, B1, [(bright, 30)] * 3)]
@@ -118,21 +121,24 @@ def test_each_row_is_compared_with_full_attention_less_its_attention_settings():
 
 
 def test_runs_with_the_same_overrides_in_another_order_pool_in_one_row(tmp_path):
-    """A dataclass whose fields were reordered since lists a newer run's overrides in another order."""
+    """A dataclass whose fields were reordered since lists a newer run's overrides in another order; the catalog's
+    command-line form ("key=null", "key" for "+key") finds the records' form ("~key", "+key")."""
     from studies.measure import pick, rows_of
-    from studies.evidence import Arm
     from studies.records import Record, load, save
+    from studies.study import Arm
 
-    (tmp_path / "main").mkdir()  # a line as written before typed records: overrides space-separated, in another order
-    (tmp_path / "main" / "records.jsonl").write_text(json.dumps(dict(
-        task="lift", policy="bc", attention="lookhere", steps=4000, extra="policy.vit.pool=cls attention.rotate_directions=false ~task.x",
-        seed=0, condition="clean", successes=46, episodes=50, coverage=None, train_seconds=None, commit="")) + "\n")
-    save(tmp_path, "main", [Record("lift", "bc", "lookhere", 4000, {"~task.x": None, "policy.vit.pool": "cls",
-                                                                    "attention.rotate_directions": "false"}, 2, {}, 40, 50)])
+    save(tmp_path, "main", [Record("lift", "bc", "lookhere", 4000, {"policy.vit.pool": "cls", "attention.rotate_directions": "false",
+                                                                    "~task.x": None, "+task.y": "[13]"}, 0, {}, 46, 50),
+                            Record("lift", "bc", "lookhere", 4000, {"~task.x": None, "+task.y": "[13]", "policy.vit.pool": "cls",
+                                                                    "attention.rotate_directions": "false"}, 2, {}, 40, 50),
+                            Record("lift", "bc", "lookhere", 4000, {"policy.vit.pool": "cls", "attention.rotate_directions": "false"},
+                                   1, {}, 10, 50)])  # without the two keys: another row
     records = load(tmp_path, "main")
-    assert len(rows_of(records)) == 1 and list(records[0].overrides) == ["attention.rotate_directions", "policy.vit.pool", "~task.x"]
-    wanted = Arm("", "lookhere", {"policy.vit.pool": "cls", "~task.x": None, "attention.rotate_directions": "false"})
-    assert [r.seed for r in pick(records, "lift", "bc", wanted, {}, "success")] == [0, 2]
+    assert len(rows_of(records)) == 2 and list(records[0].overrides) == ["attention.rotate_directions", "policy.vit.pool", "~task.x", "+task.y"]
+    lookhere = Arm("lookhere:cls", "", {"attention": "lookhere", "attention.rotate_directions": "false"})
+    wanted = {"policy.vit.pool": "cls", "task.x": "null", "task.y": "[13]"}
+    assert [r.seed for r in pick(records, "lift", "bc", lookhere, wanted, {})] == [0, 2]
+    assert [r.seed for r in pick(records, "lift", "bc", lookhere, {"policy.vit.pool": "cls"}, {})] == [1]
 
 
 def test_the_committed_pages_are_what_the_committed_records_give(tmp_path):
@@ -251,7 +257,7 @@ def test_equivalence_needs_both_sides_above_the_floor_and_two_failing_sides_read
 
 def test_holm_marks_an_equivalence_that_would_not_survive_it(tmp_path, monkeypatch):
     import studies.measure
-    from studies.evidence import FIB, Setting, grid
+    from studies.catalog import grid
     from studies.records import Record, save
 
     conditions = [{}, *({"corruption": [[k, 2]]} for k in ("gaussian_noise", "blur", "contrast"))]
@@ -259,8 +265,8 @@ def test_holm_marks_an_equivalence_that_would_not_survive_it(tmp_path, monkeypat
     rates = {"full": (98, 98, 97, 60), "fibottention": (97, 97, 96, 30)}
     save(tmp_path, "robustness", [Record("lift", "bc", a, 4000, {}, s, c, k, 100) for a, ks in rates.items()
                                   for c, k in zip(conditions, ks) for s in range(3)])
-    rows = grid("More robust to corruptions (Fibottention)", [("robustness", "lift", "bc")], [FIB],
-                [Setting("clean"), Setting("noise", conditions[1]), Setting("blur", conditions[2]), Setting("contrast", conditions[3])])
+    rows = grid("More robust to corruptions (Fibottention)", [("robustness", "lift", "bc")], ["fibottention"],
+                ["clean", "gaussian_noise2", "blur2", "contrast2"])
     monkeypatch.setattr(studies.measure, "CLAIMS", rows)
     measured = studies.measure.claims(studies.measure.load_all(tmp_path))
     assert [r["kind"] for r in measured[:3]] == ["equivalent within ±5 points"] * 3 and measured[3]["kind"] == "contradicted"

@@ -13,13 +13,13 @@ from common.provenance import environment, machine_tag
 from envs.corruptions import CORRUPTIONS, corrupt
 from studies.__main__ import main as studies_main
 from studies.__main__ import show
-from studies.catalog import STUDIES
+from studies.catalog import ARMS, STUDIES, VARIANTS
 from studies.records import load, records_of_run
-from studies.study import BUDGETS, Cell, Study, check, run
+from studies.study import BUDGETS, Arm, Cell, Setting, Study, check, run
 
-SETTINGS = {"clean": {"num_episodes": "{episodes}", "workers": "{workers}"},
-            "brightness1": {"num_episodes": "{shifted_episodes}", "workers": "{workers}", "corruption": "brightness:1"}}
-FULL = {"attention": "full"}
+CLEAN = Setting("clean", "clean")
+SETTINGS = (CLEAN, Setting("brightness1", "brightness 1", {"corruption": [["brightness", 1]]}))
+FULL = ARMS["full"]
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def tiny_budget(tiny_pusht_zarr):
 
 def test_a_study_trains_and_evaluates_each_cell_once_records_it_and_a_failure_stops_nothing(tmp_path, tiny_budget, capsys):
     # global_slope= is LookHere's: that evaluation of full attention fails, in its own process, and the others run
-    study = Study("tiny", ("pusht",), ("bc",), (FULL,), {**SETTINGS, "bad": {"num_episodes": "1", "global_slope": "0.5"}})
+    study = Study("tiny", ("pusht",), ("bc",), (FULL,), (*SETTINGS, Setting("bad", "bad", {"attention": {"global_slope": 0.5}})))
     results = tmp_path / "results"
     failed = run(study, tiny_budget, results, log=print)
     assert len(failed) == 1 and failed[0].startswith("eval pusht_bc_full_s0_") and " bad: exit status 1" in failed[0]
@@ -56,6 +56,17 @@ def test_a_study_trains_and_evaluates_each_cell_once_records_it_and_a_failure_st
     out = capsys.readouterr().out
     assert "1 trained already, 0 to train" in out and "3 evaluations, 2 cached, 1 to run" in out and "0 new or changed" in out
     assert model.stat().st_mtime_ns == stamp and load(results, "tiny") == records
+    # the runner measured whether the policy looks, once per checkpoint, and each record of those weights carries it
+    probed = json.loads((cell.run_dir / "eval" / "vision_reliance.json").read_text())
+    assert all(r.reliance == probed["reliance"] for r in records) and isinstance(probed["reliance"], float)
+    assert (cell.run_dir / "logs" / "vision_reliance.log").read_text().count("vision_reliance.json: reliance") == 1  # not again
+    # a summary that answers another question (here: another checkpoint's step) is evaluated again, not kept
+    stale = cell.summary("brightness1")
+    summary = json.loads(stale.read_text())
+    stale.write_text(json.dumps({**summary, "identity": {**summary["identity"], "checkpoint_step": 1}}))
+    run(study, tiny_budget, results, log=print)
+    assert "3 evaluations, 1 cached, 2 to run" in capsys.readouterr().out
+    assert json.loads(stale.read_text())["identity"] == summary["identity"] and load(results, "tiny")[0].evaluation == records[0].evaluation
     # the same evaluations, recorded from the run directory as a plain run's are
     assert studies_main(["add", "plain", str(cell.run_dir), "--recipe", "none", "--results", str(results)]) == []
     assert [replace(r, commit="") for r in load(results, "plain")] == [replace(r, commit="") for r in records]
@@ -78,7 +89,7 @@ def test_a_cell_that_another_process_trains_is_left_to_it(tmp_path, tiny_budget)
     is trained or evaluated twice, and the runner names the PID instead of reporting a failure."""
     import fcntl
 
-    study = Study("tiny", ("pusht",), ("bc",), (FULL,), {"clean": SETTINGS["clean"]})
+    study = Study("tiny", ("pusht",), ("bc",), (FULL,), (CLEAN,))
     cell = study.cells(tiny_budget, tmp_path)[0]
     cell.run_dir.mkdir(parents=True)
     (cell.run_dir / "config.json").write_text("{}")  # the other training's, written before its first checkpoint
@@ -96,7 +107,7 @@ def test_a_cell_that_another_process_trains_is_left_to_it(tmp_path, tiny_budget)
 
 def test_an_interrupted_cell_resumes_from_its_checkpoint_and_show_says_where_each_stands(tmp_path, tiny_budget, capsys):
     budget = replace(tiny_budget, train_overrides={**tiny_budget.train_overrides, "train.steps": "4"})
-    study = Study("tiny", ("pusht",), ("bc",), (FULL,), {"clean": SETTINGS["clean"]})
+    study = Study("tiny", ("pusht",), ("bc",), (FULL,), (CLEAN,))
     cell = study.cells(budget, tmp_path)[0]
     assert cell.progress(4) == "no run directory"
     stopped = ["train.steps=2" if o == "train.steps=4" else o for o in cell.train_command()]  # stops at its step-2 checkpoint
@@ -138,11 +149,11 @@ def test_each_engine_runs_every_command_and_reports_each_failure(tmp_path, engin
 
 
 @pytest.mark.parametrize("task, setting, message", [
-    ("nosuchtask", {"num_episodes": "1"}, "task=nosuchtask"),
-    ("pusht", {"num_episodes": "1", "corruption": "brightness:7"}, "brightness:7"),
+    ("nosuchtask", CLEAN, "task=nosuchtask"),
+    ("pusht", Setting("bright", "bright", {"corruption": [["brightness", 7]]}), "brightness:7"),
 ])
 def test_a_study_with_a_mistake_stops_before_anything_runs(tmp_path, tiny_budget, task, setting, message):
-    study = Study("tiny", (task,), ("bc",), (FULL,), {"clean": setting})
+    study = Study("tiny", (task,), ("bc",), (FULL,), (setting,))
     with pytest.raises(ValueError, match="study tiny: .* does not compose") as err:
         run(study, tiny_budget, tmp_path / "results")
     assert message in str(err.value) and "\n" not in str(err.value)
@@ -153,10 +164,10 @@ def test_every_study_of_the_catalog_composes_and_names_its_cells_as_before(tmp_p
     budget = replace(BUDGETS["cpu"], seeds=(0,))
     for study in STUDIES.values():
         cells = study.cells(budget, tmp_path)
-        assert all(cfg.train.steps > 0 for cfg in check(study, budget, cells))
+        assert all(cfg.train.steps > 0 for cfg in check(study, budget, cells)[0])
         assert len({c.run_dir for c in cells}) == len(cells)
     # earlier studies named the directory by its label; it is found by the hash of the same overrides
-    cell = Cell("lift", "bc", {"attention": "fibottention", "attention.windows": "robot"}, 0, "cpu", results=tmp_path)
+    cell = Cell("lift", "bc", ARMS["fibottention:windows=robot"], 0, "cpu", results=tmp_path)
     old = tmp_path / "cells" / f"lift_bc_fibottentionwindows-robot_s0_{cell.run_dir.name.rsplit('_', 1)[1]}"
     old.mkdir(parents=True)
     # the names of cells trained before recipe=cpu jittered images (the papers' setting is not hashed)
@@ -190,11 +201,11 @@ def test_a_part_of_a_study_is_its_own_cells_and_settings_and_a_wrong_name_is_one
     train, clean, camera, _ = capsys.readouterr().out.splitlines()
     run_dir = train.split("  # ")[0].rsplit("run_dir=", 1)[1]
     # the one cell of the whole study with that arm, variant (the random shift) and seed, in the same directory
-    assert whole[Path(run_dir)].arm == {"attention": "fibottention"} and "policy.image_aug.shift=4 " in train and "seed=2 " in train
+    assert whole[Path(run_dir)].arm.id == "fibottention" and "policy.image_aug.shift=4 " in train and "seed=2 " in train
     assert clean.endswith("num_episodes=50 workers=1 num_threads=1  # clean: to run")
     assert camera.endswith("workers=1 max_steps=200 corruption=camera:2 num_threads=1  # camera2: to run")
     part = STUDIES["robustness"].select(arms=["fibottention:windows=robot", "full"], settings=["lighting2"])
-    assert [a.get("attention.windows") for a in part.arms] == [None, "robot"] and list(part.settings) == ["lighting2"]
+    assert [a.id for a in part.arms] == ["full", "fibottention:windows=robot"] and [s.id for s in part.settings] == ["lighting2"]
     for argv, message in [(["--arms", "fib"], "study robustness has no arm fib: choose from full, fibottention, lookhere, "),
                           (["--variants", "1"], "study robustness has no variant 1: choose from 0"),
                           (["--settings", "camera3"], "study robustness has no setting camera3: choose from clean, brightness1,")]:
@@ -223,17 +234,16 @@ def test_a_study_cell_trains_exactly_what_the_recipe_command_trains(task, policy
     """`python train_policy.py task=T policy=P attention=A recipe=cpu` in the papers' setting (no photometric
     augmentation) == the study's cell, and records no extra overrides; the recipe's own augmentation is one."""
     from core.config import compose, to_dict
-    from studies.evidence import AUGMENT
     from studies.records import PAPERS_SETTING, extra_overrides
 
-    cell = Cell(task, policy, {"attention": attention}, 0, "cpu", results=tmp_path)
+    cell = Cell(task, policy, Arm(attention, attention, {"attention": attention}), 0, "cpu", results=tmp_path)
     command = [f"task={task}", f"policy={policy}", f"attention={attention}", "recipe=cpu", "eval.num_episodes=0"]
     user = to_dict(compose("config", [*command, *(f"{k}={v}" for k, v in PAPERS_SETTING.items())]))
     assert to_dict(compose("config", cell.args)) == user and extra_overrides(user, "cpu") == {}
     # the recipe's own jitter, which PushT's recipe turns off (it cost 19 points clean there)
-    assert extra_overrides(to_dict(compose("config", command)), "cpu") == ({} if task == "pusht" else AUGMENT)
+    assert extra_overrides(to_dict(compose("config", command)), "cpu") == ({} if task == "pusht" else VARIANTS["augment"].overrides)
     # cells trained before recipe=cpu jittered images keep their directories: the papers' setting is not hashed
-    assert Cell(task, policy, {"attention": attention}, 0, "cpu", {"policy.image_aug.brightness": "0.3"}).args[-2:] == [
+    assert Cell(task, policy, cell.arm, 0, "cpu", {"policy.image_aug.brightness": "0.3"}).args[-2:] == [
         "policy.image_aug.brightness=0.3", "policy.image_aug.contrast=0.0"]
     changed = to_dict(compose("config", [*cell.args, "attention.windows=robot"]))
     if attention == "fibottention":
