@@ -59,7 +59,7 @@ def parse(argv):
 
 def check_fits(study: str, run: Path) -> None:
     """A study of the catalog takes runs of its tasks and policies only (any other name takes any run)."""
-    from studies.records import run_config
+    from core.run_info import run_config
 
     cfg, wanted = run_config(run), STUDIES.get(study)
     task, policy = cfg["task"]["name"], cfg["policy"]["name"]

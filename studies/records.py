@@ -13,28 +13,24 @@ A record replaces one of the same key (the same training, measured again under t
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import subprocess
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from common.provenance import machine_tag
 from core.preflight import replace_file
-from core.rundir import read_environment, run_path
-from envs.factory import EVAL_SEED_START
+from core.rundir import run_path
+from core.run_info import condition_of, evaluation_fields, machine_text, reliance_of, run_config, trained_on, value_text
 
-# besides core.rundir.RESUMABLE (settings that do not change what a run learns): the seed, and copies of other settings
-# and how the file is read (told from the path since the LeRobot reader; older runs name it)
 # recipe=cpu jitters brightness and contrast in training since issue 31; the studies measure the papers'
 # setting, which has none: its cells turn it off, and records name what differs from this setting
 PAPERS_SETTING = {"policy.image_aug.brightness": "0.0", "policy.image_aug.contrast": "0.0"}
+# besides core.rundir.RESUMABLE (settings that do not change what a run learns): the seed, and copies of other settings
+# and how the file is read (told from the path since the LeRobot reader; older runs name it)
 NOT_EXTRA = ("seed", "policy.vit.attention.", "policy.input_shapes.", "policy.action_dim", "policy.crop_size", "policy.name",
              "task.dataset.format")
 LOCK_NAME = ".records.lock"  # beside records.jsonl, held while one process merges its records in (git ignores it)
 OPTIONAL = ("measure", "value", "detail", "provenance", "machine", "max_steps", "evaluation", "reliance")  # written only where set
-RELIANCE_FILE = ("eval", "vision_reliance.json")  # inside a run: where probes.vision_reliance --into-run writes
-EVALUATION_ID_CHARS = 16  # of the sha256 of an evaluation's identity: what tells two records of one evaluation apart
 
 
 @dataclass(frozen=True)
@@ -101,8 +97,8 @@ def condition_text(condition: dict, sep: str = "") -> str:
     image size, attention settings, first evaluation seed, in that order."""
     parts = ["+".join(f"{k}{sep}{s}" for k, s in condition.get("corruption", []))] if condition.get("corruption") else []
     parts += [f"{condition['image_size']}px"] if "image_size" in condition else []
-    parts += [f"{k}={_value(v)}" for k, v in sorted(condition.get("attention", {}).items())]
-    parts += [f"{k}={_value(v)}" for k, v in sorted(condition.items()) if k not in CONDITION_ORDER]
+    parts += [f"{k}={value_text(v)}" for k, v in sorted(condition.get("attention", {}).items())]
+    parts += [f"{k}={value_text(v)}" for k, v in sorted(condition.items()) if k not in CONDITION_ORDER]
     parts += [f"seed{condition['seed_start']}"] if "seed_start" in condition else []
     return " ".join(parts) or "clean"
 
@@ -147,11 +143,6 @@ def _line(record: Record) -> dict:
     return {f.name: getattr(record, f.name) for f in fields(Record) if f.name not in OPTIONAL or getattr(record, f.name) != f.default}
 
 
-def _value(v) -> str:
-    return {True: "true", False: "false", None: "null"}.get(v, v) if isinstance(v, (bool, type(None))) else \
-        json.dumps(v, separators=(",", ":")) if isinstance(v, list) else str(v)
-
-
 def extra_overrides(cfg: dict, recipe: str) -> dict:
     """The overrides that turn ``train_policy.py task=T policy=P attention=A recipe=R`` in the papers'
     setting (``PAPERS_SETTING``) into this run's config, compared in today's layout. A setting the run predates (a dataclass field, or an entry of a dict the
@@ -167,55 +158,8 @@ def extra_overrides(cfg: dict, recipe: str) -> dict:
     removed = [k for k in base if k not in run and field_default(schema, k) is NO_DEFAULT
                and any(r.startswith(k.rsplit(".", 1)[0] + ".") for r in run)]  # an entry the user dropped from a dict
     keep = [k for k in [*run, *removed] if not k.startswith((*RESUMABLE, *NOT_EXTRA))]
-    return dict((f"~{k}", None) if k not in run else (f"+{k}" if k not in base else k, _value(run[k]))
+    return dict((f"~{k}", None) if k not in run else (f"+{k}" if k not in base else k, value_text(run[k]))
                 for k in keep if run.get(k, ...) != base.get(k, ...))
-
-
-def condition_of(summary: dict) -> dict:
-    """The inference options an evaluation changed, from its summary.json: its shifts, image size and attention
-    settings, then every other option its identity names (camera_pose=nominal, n_action_steps=...), and its first seed."""
-    from core.inference import ATTENTION_OPTIONS
-
-    ident = summary["identity"]
-    other = {k: v for k, v in ident["inference"].items() if k not in ("image_size", *ATTENTION_OPTIONS)}
-    condition = {k: summary[k] for k in ("image_size",) if summary.get(k)} | other
-    condition |= {"attention": summary["attention_overrides"]} if summary.get("attention_overrides") else {}
-    if summary.get("seed_start", EVAL_SEED_START) != EVAL_SEED_START:
-        condition["seed_start"] = summary["seed_start"]
-    return {**condition, **({"corruption": [list(c) for c in ident["shifts"]]} if ident["shifts"] else {})}
-
-
-def reliance_of(run_dir: Path, weights: str) -> float | None:
-    """The run's vision reliance (RUN/eval/vision_reliance.json, read through ``run_path``: a link is refused) when it
-    measured the weights of sha256 ``weights``, else None (none measured, or another checkpoint's)."""
-    path = run_path(run_dir, *RELIANCE_FILE)
-    try:
-        found = json.loads(path.read_text()) if path.is_file() else {}
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"{path} is not JSON ({' '.join(str(exc).split())[:80]}): measure it again with "
-                         f"python -m probes.vision_reliance {run_dir} --into-run") from None
-    return float(found["reliance"]) if isinstance(found, dict) and found.get("weights_sha256") == weights else None
-
-
-RUN_CONFIG_KEYS = ("task", "policy", "attention", "train", "seed")  # what a record names its training by
-
-
-def run_config(run_dir: Path) -> dict:
-    """A run's config.json, read as input from elsewhere: a link, a file that is not JSON or one that lacks
-    what a record needs ends in one line naming the file."""
-    path = run_path(run_dir, "config.json")
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} holds no config.json: give the run_dir= of a train_policy.py run")
-    try:
-        cfg = json.loads(path.read_text())
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"{path} is not JSON ({' '.join(str(exc).split())[:80]}): it is not a run's config as "
-                         f"train_policy.py wrote it; restore it or train the run again") from None
-    missing = [k for k in RUN_CONFIG_KEYS if not isinstance(cfg, dict) or k not in cfg]
-    if missing:
-        raise ValueError(f"{path} lacks {', '.join(missing)}: it is not a run's config as train_policy.py wrote it; "
-                         f"restore it or train the run again")
-    return cfg
 
 
 def training_fields(cfg: dict, recipe: str) -> dict:
@@ -230,18 +174,6 @@ def records_of_training(records: list[Record], cfg: dict, recipe: str) -> list[R
     return [r for r in records if all(getattr(r, k) == v for k, v in named.items())]
 
 
-def trained_on(run_dir: Path) -> str:
-    """Where a run trained: each session's CPU and kernels (environment.json), "" for runs from before it was recorded."""
-    tags = list(dict.fromkeys(filter(None, map(machine_tag, read_environment(run_dir)))))
-    return "trained on " + ", ".join(tags) if tags else ""
-
-
-def machine_text(trained: str, summary: dict) -> str:
-    """A record's ``machine``: where the run trained (``trained_on``) and where ``summary``'s evaluation ran."""
-    evaluated = machine_tag(summary.get("environment"))
-    return "; ".join(filter(None, (trained, evaluated and "evaluated on " + evaluated)))
-
-
 def run_fields(run_dir: Path, recipe: str) -> dict:
     """What every record of a training run shares: ``training_fields`` (but ``steps``, which each evaluation
     names: ``evaluation_fields``), then its minutes and the commit."""
@@ -252,25 +184,6 @@ def run_fields(run_dir: Path, recipe: str) -> dict:
     return dict(**training_fields(run_config(run_dir), recipe),
                 train_seconds=state.get("train_seconds"), commit=subprocess.run(  # the code that recorded it
                     ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip())
-
-
-def evaluation_fields(summary: dict, path: Path, run_cfg: dict) -> dict:
-    """What a record takes from the evaluation itself: the checkpoint step it rolled out, its episode cap and its
-    identity, hashed. A summary that is not a finished evaluation with an identity, or one of another task or
-    policy than the run's, is refused in one line naming it."""
-    from core.eval_identity import NotComparable, complete_identity
-
-    try:
-        ident = complete_identity(summary, path)
-    except NotComparable as exc:
-        raise ValueError(f"{exc}: evaluate it again (python rollout.py checkpoint=RUN_DIR out_dir={path.parent} "
-                         f"overwrite=true) before recording it") from None
-    theirs, ours = (ident["task"], ident["policy"]), (run_cfg["task"]["name"], run_cfg["policy"]["name"])
-    if theirs != ours or not isinstance(ident["checkpoint_step"], int):
-        raise ValueError(f"{path} evaluates a {' '.join(theirs)} checkpoint at step {ident['checkpoint_step']}, not one of "
-                         f"this {' '.join(ours)} run: move it out of the run's eval/")
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:EVALUATION_ID_CHARS]
-    return dict(steps=ident["checkpoint_step"], max_steps=ident["max_steps"], evaluation=digest)
 
 
 def records_of_run(run_dir: Path, recipe: str = "cpu", settings: list[str] | None = None) -> list[Record]:

@@ -247,10 +247,10 @@ def answered(summary: Path, wanted: dict) -> bool:
 
 
 def reliance_measured(run_dir: Path) -> bool:
-    """Whether RUN/eval/vision_reliance.json measured the newest checkpoint's weights (``studies.records.reliance_of``)."""
+    """Whether RUN/eval/vision_reliance.json measured the newest checkpoint's weights (``core.run_info.reliance_of``)."""
     from core.eval_identity import weights_sha256
+    from core.run_info import reliance_of
     from policies.checkpoint import resolve_checkpoint
-    from studies.records import reliance_of
 
     return reliance_of(run_dir, weights_sha256(resolve_checkpoint(run_dir))) is not None
 

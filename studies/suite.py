@@ -22,18 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.figures import save_png
-from envs.corruptions import Shift, parse_shifts
 from envs.factory import EVAL_SEED_START as EVAL_SEED
-from envs.scene_shifts import SCENE_KINDS, SCENE_SEVERITIES, scene_kinds_of
+from envs.shifts import COMPARED_SEVERITY, RECIPE_PIXEL, SCENE_KINDS, SCENE_SEVERITIES, Shift, scene_kinds_of
 
-# the suites, as data: KIND:SEVERITY settings; scene kinds a task cannot render are left out for that task
-SCENE = tuple(SCENE_KINDS)
+# the suites, as named sets of shifts; scene kinds a task cannot render are left out for that task
+EVERY_SCENE = tuple(Shift(k, s) for k in SCENE_KINDS for s in SCENE_SEVERITIES)
+IMAGENET_C = tuple(Shift(k, 3) for k in ("jpeg_compression", "motion_blur", "shot_noise", "pixelate"))  # ImageNet-C's, middle severity
 SUITES = {
-    "standard": [f"{k}:{s}" for k in SCENE for s in SCENE_SEVERITIES]
-    + ["brightness:1", "contrast:2", "gaussian_noise:2", "blur:2",  # the studies' pixel corruptions
-       "jpeg_compression:3", "motion_blur:3", "shot_noise:3", "pixelate:3"],  # ImageNet-C's, middle severity
-    "scene": [f"{k}:2" for k in SCENE],  # the scene kinds at severity 2: what a lab changes between afternoons
-    "tiny": ["colour:1", "brightness:1"],  # for the tests: seconds
+    "standard": (*EVERY_SCENE, *RECIPE_PIXEL, *IMAGENET_C),  # every scene kind and severity, the studies' pixel corruptions
+    "scene": tuple(Shift(k, COMPARED_SEVERITY) for k in SCENE_KINDS),  # what a lab changes between afternoons
+    "tiny": (Shift("colour", 1), Shift("brightness", 1)),  # for the tests: seconds
 }
 CLEAN = "clean"
 PROG = "python -m studies.suite"
@@ -59,12 +57,10 @@ class SuiteOptions:
 
 
 def settings(suite: str, task: str) -> list[Shift]:
-    """The suite's settings that ``task`` can render, checked (one line on an unknown name or kind)."""
+    """The suite's settings that ``task`` can render (one line on an unknown suite)."""
     if suite not in SUITES:
         raise ValueError(f"suite={suite!r} does not exist; choose one of {', '.join(SUITES)}")
-    renders = set(scene_kinds_of(task))
-    shifts = [parse_shifts(s)[0] for s in SUITES[suite]]  # each setting alone: one kind at one severity
-    return [s for s in shifts if s.stage == "pixel" or s.kind in renders]
+    return [s for s in SUITES[suite] if s.stage == "pixel" or s.kind in scene_kinds_of(task)]
 
 
 def suite_folder(ckpt: Path, suite: str) -> Path:

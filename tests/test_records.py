@@ -25,7 +25,7 @@ def test_a_line_is_typed_data_and_the_tables_render_it(tmp_path):
 def test_another_inference_option_is_part_of_the_condition():
     """camera_pose=nominal (and any option the identity names beyond shifts, image size and attention settings) keeps two
     evaluations of one shift apart, and the tables name it."""
-    from studies.records import condition_of
+    from core.run_info import condition_of
 
     def summary(**inference):
         return {"identity": {"shifts": [["camera", 2]], "inference": inference}, "seed_start": 100000}
@@ -39,7 +39,7 @@ def test_another_inference_option_is_part_of_the_condition():
 
 def test_a_runs_reliance_is_read_for_the_same_weights_only(tmp_path):
     from core.rundir import RunPathError
-    from studies.records import reliance_of
+    from core.run_info import reliance_of
 
     run = tmp_path / "run"
     (run / "eval").mkdir(parents=True)
