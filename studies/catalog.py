@@ -10,25 +10,6 @@ from dataclasses import dataclass
 from envs.shifts import COMPARED_SEVERITY, PAPERS_PIXEL, RECIPE_PIXEL, SCENE_SEVERITIES as EVERY_SEVERITY, Shift, scene_set
 from studies.study import PAPERS, Arm, Setting, Study, Variant
 
-ARMS = {a.id: a for a in [
-    Arm("full", "full", {"attention": "full"}),
-    Arm("fibottention", "Fibottention", {"attention": "fibottention"}),
-    Arm("lookhere", "LookHere-90", {"attention": "lookhere"}),
-    # the Fibottention authors' two settings, and the sparse baseline of their paper
-    Arm("fibottention:windows=robot", "Fibottention (robot windows) †", {"attention": "fibottention", "attention.windows": "robot"}, True),
-    Arm("fibottention:mask_mode=multiplicative", "Fibottention (multiplicative mask) †",
-        {"attention": "fibottention", "attention.mask_mode": "multiplicative"}, True),
-    Arm("bigbird", "BigBird", {"attention": "bigbird"}),
-    # the field's default encoder (configs/encoder/resnet18.yaml): no attention, so its runs record attention=full
-    Arm("resnet18", "ResNet-18", {"attention": "full", "policy.encoder": "resnet18"}),
-    # LookHere as its paper reads it out (agentview only, CLS, 8-px patches), and recipe=cpu's LookHere on diffusion
-    Arm("lookhere:plain", "plain LookHere-90", {"attention": "lookhere", "attention.global_slope": "1.0", "attention.rotate_directions":
-        "false", "policy.vit.patch_size": "8", "policy.vit.pool": "cls", "task.input_shapes.robot0_eye_in_hand_image": "null"}),
-    Arm("lookhere:cpu", "LookHere-90", {"attention": "lookhere", "attention.global_slope": "0.25", "attention.rotate_directions": "true",
-        "policy.vit.patch_size": "12", "policy.vit.pool": "spatial_softmax", "+task.input_shapes.robot0_eye_in_hand_image": "[3,84,84]"}),
-]}
-ENCODERS, AUTHORS = ("full", "fibottention", "lookhere"), ("fibottention:windows=robot", "fibottention:mask_mode=multiplicative", "bigbird")
-
 # training overrides the studies vary (the command line's form; records are compared in a canonical form,
 # studies.records.canonical, so "+key" and "~key" there match "key" and "key=null" here)
 VARIANTS = {v.id: v for v in [
@@ -48,17 +29,35 @@ VARIANTS = {v.id: v for v in [
     # the blind floor: no camera (recipe=cpu already drops Lift's wrist camera), what every camera variant must beat under
     # a shift (it never sees a frame, so one clean floor holds under every visual shift)
     Variant("no-camera", "no camera", {"task.input_shapes.agentview_image": "null"}),
-    # for a moved camera: the affine warp on half the images (camera 1-2's turn, zoom and move); demonstrations under drawn
-    # camera poses over severities 1-3 (generate_demos.py task=lift scene_randomization=camera scene_randomization_max=3
-    # out=data/lift/ph_image_camera3.hdf5); the same with each frame's pose as a ray map (the policy told where its camera is)
-    Variant("affine", "affine warp", {"policy.image_aug.shift": "4", "policy.image_aug.rotate": "3", "policy.image_aug.scale": "0.06",
-                                      "policy.image_aug.geometric_p": "0.5"}),
+    # for a moved camera: with the random shift, an affine warp on half the images (camera 1-2's turn, zoom and move);
+    # demonstrations under drawn camera poses over severities 1-3 (generate_demos.py task=lift scene_randomization=camera
+    # scene_randomization_max=3 out=data/lift/ph_image_camera3.hdf5); with them, each frame's pose as a ray map (the
+    # policy told where its camera is)
+    Variant("affine", "affine warp", {"policy.image_aug.rotate": "3", "policy.image_aug.scale": "0.06", "policy.image_aug.geometric_p": "0.5"}),
     Variant("camera-demos", "camera-randomised demonstrations", {"task.dataset.path": "data/lift/ph_image_camera3.hdf5"}),
-    Variant("ray-maps", "ray maps", {"task.dataset.path": "data/lift/ph_image_camera3.hdf5",
-                                     "+task.input_shapes.agentview_camera": "[13]", "policy.ray_maps": "true"}),
+    Variant("ray-maps", "ray maps", {"+task.input_shapes.agentview_camera": "[13]", "policy.ray_maps": "true"}),
     Variant("diffusion", "diffusion", {"policy.down_dims": "[32,64,128]", "policy.prediction_type": "sample"}),  # before policy/cpu/diffusion
     *(Variant(f"{n}-demos", f"{n} demonstrations", {"train.steps": "2000", "train.max_episodes": str(n)}) for n in (10, 25, 50)),
 ]}
+
+ARMS = {a.id: a for a in [
+    Arm("full", "full", {"attention": "full"}),
+    Arm("fibottention", "Fibottention", {"attention": "fibottention"}),
+    Arm("lookhere", "LookHere-90", {"attention": "lookhere"}),
+    # the Fibottention authors' two settings, and the sparse baseline of their paper
+    Arm("fibottention:windows=robot", "Fibottention (robot windows) †", {"attention": "fibottention", "attention.windows": "robot"}, True),
+    Arm("fibottention:mask_mode=multiplicative", "Fibottention (multiplicative mask) †",
+        {"attention": "fibottention", "attention.mask_mode": "multiplicative"}, True),
+    Arm("bigbird", "BigBird", {"attention": "bigbird"}),
+    # the field's default encoder (configs/encoder/resnet18.yaml): no attention, so its runs record attention=full
+    Arm("resnet18", "ResNet-18", {"attention": "full", "policy.encoder": "resnet18"}),
+    # LookHere as its paper reads it out (agentview only, CLS, 8-px patches), and recipe=cpu's LookHere on diffusion
+    Arm("lookhere:plain", "plain LookHere-90", {"attention": "lookhere", "attention.global_slope": "1.0", "attention.rotate_directions":
+        "false", "policy.vit.patch_size": "8", "policy.vit.pool": "cls", "task.input_shapes.robot0_eye_in_hand_image": "null"}),
+    Arm("lookhere:cpu", "LookHere-90", {"attention": "lookhere", "attention.global_slope": "0.25", "attention.rotate_directions": "true",
+        "policy.vit.patch_size": "12", "policy.vit.pool": "spatial_softmax", **VARIANTS["wrist"].overrides}),
+]}
+ENCODERS, AUTHORS = ("full", "fibottention", "lookhere"), ("fibottention:windows=robot", "fibottention:mask_mode=multiplicative", "bigbird")
 
 
 def variant(vid: str) -> Variant:
@@ -123,7 +122,7 @@ STUDIES = {s.name: s for s in [
     Study("resolution", ("lift",), ("bc",), arms(*ENCODERS), (CLEAN, *LARGER, *SLOPE_SCALED), cap=LIFT_CAP),
     # a moved camera (Lift BC on recipe=cpu): the blind floor, then each camera variant under every camera severity
     Study("camera", ("lift",), ("bc",), arms("full", "fibottention"), (CLEAN, *shifted(Shift("camera", s) for s in EVERY_SEVERITY)),
-          variants("augment+no-camera", "augment+affine", "augment+camera-demos", "augment+ray-maps"), cap=LIFT_CAP),
+          variants("augment+no-camera", "augment+shift+affine", "augment+camera-demos", "augment+camera-demos+ray-maps"), cap=LIFT_CAP),
 ]}
 SETTINGS = {s.id: s for s in (*(s for study in STUDIES.values() for s in study.settings), DIVERSITY)}
 
