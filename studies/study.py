@@ -55,7 +55,7 @@ class Setting:
         """rollout.py's options: clean episodes or shifted ones (capped at ``cap`` steps), then what it changes."""
         c, shifts = self.condition, [str(Shift(*s)) for s in self.condition.get("corruption", [])]
         out = {"num_episodes": budget.shifted_episodes if c else budget.episodes, "workers": budget.workers,
-               **({"max_steps": cap} if c and cap else {}), **({"corruption": ",".join(shifts)} if shifts else {}),
+               **({"max_steps": cap} if c and cap else {}), **({"corruption": shifts[0] if len(shifts) == 1 else f"[{','.join(shifts)}]"} if shifts else {}),
                **{k: v for k, v in c.items() if k not in ("corruption", "attention")}, **c.get("attention", {})}
         return {k: str(v) for k, v in {**out, **budget.rollout_overrides}.items()}
 

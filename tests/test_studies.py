@@ -180,6 +180,23 @@ def test_every_study_of_the_catalog_composes_and_names_its_cells_as_before(tmp_p
                                                           "seed=0", "eval.num_episodes=0", "attention.windows=robot"]
 
 
+def test_each_settings_command_line_evaluates_the_condition_its_records_name():
+    """A setting is written once (its condition, in the records' form); the rollout options it writes compose into
+    exactly that condition, so a study's evaluations are found again by the claim rows that name the setting."""
+    from core.config import compose
+    from core.inference import ATTENTION_OPTIONS
+    from studies.catalog import SETTINGS
+
+    assert len(SETTINGS) == 19  # clean, 3 scene kinds x 3 severities, 4 pixel corruptions, 4 image sizes, diversity
+    for setting in [*SETTINGS.values(), Setting("two", "two", {"corruption": [["brightness", 1], ["lighting", 2]]})]:  # a list of two
+        cfg = compose("rollout", ["checkpoint=C", *(f"{k}={v}" for k, v in setting.options(BUDGETS["cpu"], 200).items())])
+        attention = {k: getattr(cfg, k) for k in ATTENTION_OPTIONS if getattr(cfg, k) is not None}
+        named = {**({"corruption": [list(c) for c in cfg.corruption]} if cfg.corruption else {}),
+                 **({"image_size": cfg.image_size} if cfg.image_size else {}), **({"attention": attention} if attention else {})}
+        assert named == setting.condition, setting.id
+        assert (cfg.num_episodes, cfg.max_steps) == ((30, 200) if setting.condition else (50, None)), setting.id
+
+
 def test_show_prints_the_two_commands_of_every_cell(tmp_path, capsys):
     studies_main(["show", "robustness", "--seeds", "1", "--results", str(tmp_path)])
     lines = capsys.readouterr().out.splitlines()
