@@ -18,6 +18,7 @@ from pathlib import Path
 from core.preflight import replace_file
 from core.stats import EQUIVALENCE_FLOOR, EQUIVALENCE_MARGIN, Estimate
 from studies.catalog import FIXES
+from studies.catalog import CAMERA_FIXES, CAMERA_RULE
 from studies.figures import adoption_figure
 from studies.measure import adoption, claims, fix_table, floors, load_all, lottery
 from studies.pages import claims_page, fill_blocks, fix_pages, study_table
@@ -42,16 +43,18 @@ def report(results: Path) -> list[dict]:
     rows = claims(records)
     fixes = {name: fix_table(records, fix) for name, fix in FIXES.items()}
     rule, lots = adoption(records), lottery(records)
+    camera = adoption(records, CAMERA_FIXES, CAMERA_RULE)
     if rule:
         adoption_figure(rule, results / "scene_training" / "adoption.png")
     for path, text in fix_pages(fixes).items():
         (results / path).parent.mkdir(parents=True, exist_ok=True)
         replace_file(results / path, text)
-    replace_file(results / "claims.md", claims_page(rows, rule, lots, fixes, records))
+    replace_file(results / "claims.md", claims_page(rows, rule, lots, fixes, records, camera))
     replace_file(results / "claims.json", json.dumps({"comparisons": sum("difference" in r for r in rows),
                                                       "equivalence_margin": EQUIVALENCE_MARGIN, "equivalence_floor": EQUIVALENCE_FLOOR,
                                                       "rows": rows, **{k.replace("-", "_"): v for k, v in fixes.items()},
-                                                      "lottery": lots, "adoption": rule}, indent=2, default=to_json) + "\n")
+                                                      "lottery": lots, "adoption": rule,
+                                                      "camera_adoption": camera}, indent=2, default=to_json) + "\n")
     for page in (results.parent / "README.md", results.parent / "docs" / "findings.md"):  # the repository's, beside results/
         if page.exists():
             fill_blocks(page, records, rows)

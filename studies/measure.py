@@ -224,12 +224,16 @@ def fix_table(records: dict[str, list[Record]], fix: Fix) -> list[dict]:
     return out
 
 
-def adoption(records: dict[str, list[Record]]) -> list[dict]:
-    """The adoption rule per scene fix and encoder: does it keep the recipe's clean success and hold every scene shift?
-    Each row carries the fix's and the recipe's success per condition (``Estimate`` or None) for the table and the figure."""
+def adoption(records: dict[str, list[Record]], names=SCENE_FIXES, rule: dict[str, dict[str, float]] | None = None) -> list[dict]:
+    """The adoption rule per fix and encoder: does it keep the recipe's clean success and reach, under each setting the
+    rule names, its least success (``rule``: task -> setting id -> least mean; by default every scene shift the task
+    renders at ADOPT_SHIFT_FLOOR)? Each row carries the fix's and the recipe's success per condition (``Estimate`` or
+    None) for the table and the figure."""
     out = []
-    for fix in (FIXES[name] for name in SCENE_FIXES):
-        conditions = {"clean": {}, **{s.label: s.condition for s in scene(STUDIES[fix.study].tasks[0])}}
+    for fix in (FIXES[name] for name in names):
+        task = STUDIES[fix.study].tasks[0]
+        least = rule[task] if rule else {s.id: ADOPT_SHIFT_FLOOR for s in scene(task)}
+        conditions = {"clean": {}, **{SETTINGS[i].label: SETTINGS[i].condition for i in least}}
         for encoder in fix.encoders:
             rows = {side: {name: fix_side(records, fix, encoder, side == "fix", c) for name, c in conditions.items()} for side in ("fix", "recipe")}
             if not any(rows["fix"].values()):
@@ -238,12 +242,14 @@ def adoption(records: dict[str, list[Record]]) -> list[dict]:
             seeds, recipe_seeds = (min(len(r or ()) for r in rows[side].values()) for side in ("fix", "recipe"))
             clean = rates["fix"]["clean"], rates["recipe"]["clean"]
             gap = None if None in clean else clean[0].mean - clean[1].mean
-            out.append({"task": STUDIES[fix.study].tasks[0], "fix": variant(fix.variant).label, "encoder": ARMS[encoder].label, "seeds": seeds,
-                        "recipe_seeds": recipe_seeds, "clean_gap": gap, "verdict": adopted(rates["fix"], gap, seeds), "success": rates})
+            limits = {SETTINGS[i].label: v for i, v in least.items()}
+            out.append({"task": task, "fix": variant(fix.variant).label, "encoder": ARMS[encoder].label, "seeds": seeds,
+                        "recipe_seeds": recipe_seeds, "clean_gap": gap, "least": limits,
+                        "verdict": adopted(rates["fix"], gap, seeds, limits), "success": rates})
     return out
 
 
-def adopted(fix: dict[str, Estimate | None], gap: float | None, seeds: int) -> str:
+def adopted(fix: dict[str, Estimate | None], gap: float | None, seeds: int, least: dict[str, float]) -> str:
     """"holds", or what breaks the rule (on the means), or what is missing for a verdict."""
     if None in fix.values() or gap is None:
         return f"not measured under {', '.join(name for name, e in fix.items() if e is None) or 'clean (the recipe)'}"
@@ -251,7 +257,7 @@ def adopted(fix: dict[str, Estimate | None], gap: float | None, seeds: int) -> s
         return f"{seeds} seed{'s' * (seeds > 1)} (fewer than {VERDICT_SEEDS})"
     below = lambda value, limit: value < limit - ROUNDING  # a mean exactly at the limit passes (e.g. 0.96 - 0.98)
     broken = [f"clean {100 * gap:+.0f} points"] * below(gap, -ADOPT_CLEAN_MARGIN) + [
-        f"{name} {100 * e.mean:.0f}%" for name, e in fix.items() if name != "clean" and below(e.mean, ADOPT_SHIFT_FLOOR)]
+        f"{name} {100 * e.mean:.0f}% (< {100 * least[name]:.0f}%)" for name, e in fix.items() if name != "clean" and below(e.mean, least[name])]
     return f"does not hold: {', '.join(broken)}" if broken else "holds"
 
 

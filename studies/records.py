@@ -80,8 +80,16 @@ class Record:
 
 def canonical(overrides: dict) -> dict:
     """Overrides as a comparison sees them: "+key" is "key" (adding a key the recipe lacks), "~key" and "key=null"
-    are both None (a key deleted), and ``train.steps`` aside (a record names its steps itself)."""
-    return {k.lstrip("+~"): None if k.startswith("~") or v == "null" else v for k, v in overrides.items() if k != "train.steps"}
+    are both None (a key deleted), numbers as numbers, and ``train.steps`` aside (a record names its steps itself)."""
+    return {k.lstrip("+~"): None if k.startswith("~") or v == "null" else _number(v) for k, v in overrides.items() if k != "train.steps"}
+
+
+def _number(value):
+    """A number typed as "3" on the command line is the "3.0" a run's config gives back: compared as a float."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
 
 
 def overrides_text(overrides: dict) -> str:

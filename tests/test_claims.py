@@ -194,7 +194,7 @@ def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_s
     verdicts = {(r["fix"], r["encoder"]): r["verdict"] for r in rows}
     assert verdicts == {("random shift", "full"): "holds",
                         ("random shift", "Fibottention"): "does not hold: clean -10 points",
-                        ("hue/saturation jitter", "full"): "does not hold: camera 2 40%",
+                        ("hue/saturation jitter", "full"): "does not hold: camera 2 40% (< 90%)",
                         ("hue/saturation jitter", "Fibottention"): "not measured under camera 2",
                         ("wrist camera", "full"): "1 seed (fewer than 3)"}
     shift = next(r for r in rows if r["fix"] == "random shift" and r["encoder"] == "full")
@@ -209,6 +209,29 @@ def test_the_adoption_rule_holds_only_a_fix_that_keeps_clean_success_and_every_s
                                                          for side, per in rows[0]["success"].items()}}
     adoption_figure([*rows, no_light], tmp_path / "c.png")
     assert len((tmp_path / "c.png").read_bytes()) > len((tmp_path / "a.png").read_bytes())
+
+
+def test_the_camera_rule_asks_each_tasks_own_least_success_against_the_recipes_clean_run(tmp_path):
+    """Lift's camera rule: camera 2 at 90% and camera 3 at 75%; a camera variant's cells (study camera) are set against
+    the recipe's (scene_training's jitter cells)."""
+    from studies.catalog import CAMERA_FIXES, CAMERA_RULE
+
+    camera = [{"corruption": [["camera", s]]} for s in (2, 3)]
+
+    def cell(attention, overrides, clean, under, seeds=3):
+        return [Record("lift", "bc", attention, 4000, overrides, s, c, k, n) for s in range(seeds)
+                for c, k, n in [({}, clean, 50), *((c, k, 30) for c, k in zip(camera, under))]]
+
+    affine = {**AUGMENT, **VARIANTS["shift"].overrides, "policy.image_aug.rotate": "3.0", "policy.image_aug.scale": "0.06",
+              "policy.image_aug.geometric_p": "0.5"}  # as a run's config gives the numbers back: compared as numbers
+    save(tmp_path, "scene_training", [*cell("full", AUGMENT, 49, (14, 13)), *cell("fibottention", AUGMENT, 50, (12, 10))])
+    save(tmp_path, "camera", [*cell("full", affine, 49, (27, 23)),  # 90% and 77%: holds
+                              *cell("fibottention", affine, 49, (22, 18))])  # 73% and 60%: both under
+    rows = studies.measure.adoption(studies.measure.load_all(tmp_path), CAMERA_FIXES, CAMERA_RULE)
+    assert {(r["fix"], r["encoder"]): r["verdict"] for r in rows} == {
+        ("random shift + affine warp", "full"): "holds",
+        ("random shift + affine warp", "Fibottention"): "does not hold: camera 2 73% (< 90%), camera 3 60% (< 75%)"}
+    assert rows[0]["least"] == {"camera 2": 0.9, "camera 3": 0.75} and rows[1]["success"]["recipe"]["camera 3"].mean == 10 / 30
 
 
 def test_no_committed_equivalence_rests_on_two_failing_sides():
