@@ -40,6 +40,12 @@ VARIANTS = {v.id: v for v in [
     *(Variant(f"{n}-demos", f"{n} demonstrations", {"train.steps": "2000", "train.max_episodes": str(n)}) for n in (10, 25, 50)),
 ]}
 
+# each task's blind floor: every camera its recipe=cpu reads, deleted (Lift's recipe already drops the wrist camera;
+# Can's data without frames: generate_demos.py task=can cameras=[] out=data/can/ph_lowdim.hdf5)
+NO_CAMERA = {"lift": VARIANTS["no-camera"].overrides,
+             "can": {"task.input_shapes.agentview_image": "null", "task.input_shapes.robot0_eye_in_hand_image": "null"},
+             "pusht": {"task.input_shapes.image": "null"}}
+
 ARMS = {a.id: a for a in [
     Arm("full", "full", {"attention": "full"}),
     Arm("fibottention", "Fibottention", {"attention": "fibottention"}),

@@ -12,7 +12,7 @@ import numpy as np
 
 from core.stats import BOTH_FAIL, EQUIVALENCE_MARGIN, UNRESOLVED, Estimate, bootstrap_difference, bootstrap_rate, equivalent_text, holm, \
     verdict, wilson_interval
-from studies.catalog import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, ARMS, CLAIMS, COLLAPSE, FIXES, LOTTERY, SCENE_FIXES, SETTINGS, STUDIES,
+from studies.catalog import (ADOPT_CLEAN_MARGIN, ADOPT_SHIFT_FLOOR, ARMS, CLAIMS, COLLAPSE, FIXES, LOTTERY, NO_CAMERA, SCENE_FIXES, SETTINGS, STUDIES,
                              TASKS, VERDICT_SEEDS, VARIANTS, Claim, Fix, scene, variant)
 from studies.records import Record, canonical, condition_text, load
 from studies.study import Arm
@@ -262,10 +262,11 @@ def adopted(fix: dict[str, Estimate | None], gap: float | None, seeds: int, leas
 
 
 def floors(records: dict[str, list[Record]]) -> dict[str, list[Record]]:
-    """Each task's blind floor: the clean records of its policy without a camera (the variant ``no-camera``), from any
+    """Each task's blind floor: the clean records of its policy with every camera deleted (``NO_CAMERA``), from any
     study. Such a policy's actions never see a frame, so the same floor holds under every visual shift."""
-    blind, deleted = {}, canonical(VARIANTS["no-camera"].overrides).items()
+    blind = {}
     for r in (r for recs in records.values() for r in recs):
+        deleted = canonical(NO_CAMERA.get(r.task, {"-": "-"})).items()  # a task without a floor defined matches nothing
         if r.measure == "success" and not r.condition and deleted <= canonical(r.overrides).items():
             blind.setdefault(r.task, []).append(r)
     return {task: max(rows_of(recs).values(), key=len) for task, recs in blind.items()}  # the row with the most seeds

@@ -2,6 +2,7 @@
 ``rollout.py`` and the studies run, its shifted runs paired with the clean run episode by episode.
 
     python -m studies.suite RUN [--suite standard] [--workers 2] [--episodes 30] [--clean-episodes 50] [--max-steps N]
+                                [--results results] [--recipe cpu]
 
 Each setting is one ``core.evaluation.evaluate_checkpoint`` into ``RUN/eval/suite_<suite>/<setting>/``, whose
 summary.json is rollout.py's (its ``identity`` included; ``python -m studies add STUDY RUN --evals
@@ -12,6 +13,11 @@ again, so an interrupted suite continues where it stopped. Every shifted run pla
 Writes ``report.md`` (success with its Wilson interval, the paired drop), ``report.png`` (success against
 severity per kind) and ``eval_info.json`` (lerobot's ``eval_info.json`` field names) beside the settings.
 A checkpoint folder given as RUN writes into its run's eval/, never inside the checkpoint.
+
+The settings of a train_policy.py run are also records, as the studies write them (``studies.records``), in
+``--results``/suite_<suite>/records.jsonl (``python -m studies.claims`` makes its table); where those results hold
+the task's blind floor (a policy trained without any camera, ``studies.measure.floors``), the report sets every
+setting against it and marks with ✗ each one not resolved above it.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from pathlib import Path
 from common.figures import save_png
 from envs.factory import EVAL_SEED_START as EVAL_SEED
 from envs.shifts import COMPARED_SEVERITY, RECIPE_PIXEL, SCENE_KINDS, SCENE_SEVERITIES, Shift, scene_kinds_of
+from studies.measure import NOT_ABOVE_FLOOR
 
 # the suites, as named sets of shifts; scene kinds a task cannot render are left out for that task
 EVERY_SCENE = tuple(Shift(k, s) for k in SCENE_KINDS for s in SCENE_SEVERITIES)
@@ -73,8 +80,9 @@ def suite_folder(ckpt: Path, suite: str) -> Path:
 
 
 def evaluate_suite(run: Path, suite: str = "standard", options: SuiteOptions = SuiteOptions(), *, log=None,
-                   progress: bool = True) -> Path:
-    """Evaluate what is missing under one progress bar, then write the report; returns the suite's folder."""
+                   progress: bool = True, results: Path | None = None, recipe: str = "cpu") -> Path:
+    """Evaluate what is missing under one progress bar, record it in ``results`` (None: no records), then write the
+    report; returns the suite's folder."""
     from tqdm import tqdm
 
     from core.config import InferenceOverrides
@@ -111,8 +119,29 @@ def evaluate_suite(run: Path, suite: str = "standard", options: SuiteOptions = S
                                           clean_dir=folder / CLEAN)
             summary["eval_s"] = time.perf_counter() - t0
             _write(folder / name / "summary.json", json.dumps(summary, indent=2))
-    _report(folder, suite, {name: json.loads((folder / name / "summary.json").read_text()) for name, *_ in plan})
+    summaries = {name: json.loads((folder / name / "summary.json").read_text()) for name, *_ in plan}
+    floor = record(ckpt, suite, list(summaries), results, recipe, log or print) if results is not None else {}
+    _report(folder, suite, summaries, floor)
     return folder
+
+
+def record(ckpt: Path, suite: str, names: list[str], results: Path, recipe: str, say) -> dict[str, str]:
+    """The settings as records in ``results``/suite_<suite>/ (a train_policy.py run's only: a record names its
+    training by the run's config); each setting against the task's blind floor where ``results`` holds one."""
+    from core.eval_folders import run_of
+    from core.rundir import is_run
+    from studies.measure import above_floor, floors, load_all
+    from studies.records import records_of_run, save
+
+    run = run_of(ckpt)
+    if not is_run(run):
+        say(f"{ckpt} is not inside a train_policy.py run: no records written (a record names its training by the run's config)")
+        return {}
+    mine = {name: rec for name in names for rec in records_of_run(run, recipe, settings=[f"suite_{suite}/{name}"])}
+    say(f"suite_{suite}: {save(results, f'suite_{suite}', list(mine.values()))} new or changed records in "
+        f"{results / f'suite_{suite}' / 'records.jsonl'}")
+    floor = floors(load_all(results)).get(mine[CLEAN].task) if CLEAN in mine else None
+    return {name: above_floor([rec], floor) for name, rec in mine.items()} if floor else {}
 
 
 def _write(path: Path, text: str) -> None:
@@ -125,18 +154,23 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}"
 
 
-def _report(folder: Path, suite: str, summaries: dict[str, dict]) -> None:
-    rows = ["| setting | success [95% CI] | − clean, paired (points) [95% CI] | episodes |", "|---|---|---|---|"]
+def _report(folder: Path, suite: str, summaries: dict[str, dict], floor: dict[str, str]) -> None:
+    """report.md: each setting's success and paired drop, and (``floor``: setting -> text) its difference to the blind floor."""
+    head = ["setting", "success [95% CI]", "− clean, paired (points) [95% CI]", *(["− no camera (points) [95% CI]"] * bool(floor)), "episodes"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in summaries.items():
         lo, hi = s["success_rate_ci95"]
         p = s.get("paired")
         drop = f"{100 * p['difference']:+.0f} [{100 * p['difference_ci95'][0]:+.0f}, {100 * p['difference_ci95'][1]:+.0f}]" if p else ""
-        rows.append(f"| {name} | {_pct(s['success_rate'])}% [{_pct(lo)}, {_pct(hi)}] | {drop} | {s['num_episodes']} |")
+        cells = [name, f"{_pct(s['success_rate'])}% [{_pct(lo)}, {_pct(hi)}]", drop, *([floor.get(name, "")] * bool(floor)), str(s["num_episodes"])]
+        rows.append("| " + " | ".join(cells) + " |")
     clean = summaries[CLEAN]
     encoder = f"attention {clean['attention']}" if clean.get("attention") else f"encoder {clean.get('encoder')}"
+    against = (" − no camera: against the task's blind floor, a policy trained without any camera (its success holds under "
+               f"every visual shift); {NOT_ABOVE_FLOOR}: not resolved above it, so the images have not been shown to help there.") * bool(floor)
     _write(folder / "report.md", f"# Suite `{suite}`: {clean['checkpoint']}\n\n{clean['task']} {clean['policy']}, "
            f"{encoder}. Success with its Wilson interval; the drop against the clean run "
-           f"over the same initial states (per-episode pairs, bootstrap).\n\n" + "\n".join(rows) + "\n")
+           f"over the same initial states (per-episode pairs, bootstrap).{against}\n\n" + "\n".join(rows) + "\n")
     _write(folder / "eval_info.json", json.dumps(_eval_info(summaries), indent=2))
     _plot(folder / "report.png", summaries)
 
@@ -189,10 +223,12 @@ def main(argv=None) -> None:
     ap.add_argument("--episodes", type=at_least(1), default=defaults.episodes, help="per shifted setting")
     ap.add_argument("--clean-episodes", type=at_least(1), default=defaults.clean_episodes)
     ap.add_argument("--max-steps", type=at_least(1), default=defaults.max_steps, help="the task's horizon unless given")
+    ap.add_argument("--results", type=Path, default=Path("results"), help="records go to RESULTS/suite_<suite>/records.jsonl")
+    ap.add_argument("--recipe", default="cpu", help="the recipe the run was trained with (records name overrides beyond it)")
     args = ap.parse_args(argv)
     try:
         options = SuiteOptions(args.workers, args.episodes, args.clean_episodes, args.max_steps)
-        folder = evaluate_suite(args.run, args.suite, options)
+        folder = evaluate_suite(args.run, args.suite, options, results=args.results, recipe=args.recipe)
     except KeyboardInterrupt:
         sys.exit(f"{PROG}: interrupted; every finished evaluation is kept: rerun the same command to continue")
     except (ValueError, OSError) as exc:

@@ -248,3 +248,16 @@ def test_no_committed_equivalence_rests_on_two_failing_sides():
     assert failing and all(max(r["arm"]["hi"], r["baseline"]["hi"]) < floor for r in failing)
     assert any(r["measurement"].startswith("pusht diffusion, contrast 2") for r in failing)
     assert all(isinstance(r["difference"]["mean"], float) for r in rows if "difference" in r)
+
+
+def test_each_tasks_blind_floor_deletes_every_camera_its_recipe_reads(tmp_path):
+    can_one = {"~task.input_shapes.agentview_image": None}  # the wrist camera still seen: not blind
+    can_none = {**can_one, "~task.input_shapes.robot0_eye_in_hand_image": None, "task.dataset.path": "data/can/ph_lowdim.hdf5"}
+    save(tmp_path, "floor", [Record("can", "bc", "full", 15000, can_one, 0, {}, 40, 50),
+                             *(Record("can", "bc", "full", 15000, can_none, s, {}, 5, 50) for s in range(3)),
+                             *(Record("pusht", "diffusion", "full", 15000, {"task.input_shapes.image": "null"}, s, {}, 0, 50) for s in range(3)),
+                             Record("pusht", "diffusion", "full", 15000, {"task.input_shapes.image": "null"}, 0,
+                                    {"corruption": [["camera", 2]]}, 0, 30)])  # a shifted run is no floor
+    found = studies.measure.floors(studies.measure.load_all(tmp_path))
+    assert {t: [(r.seed, r.successes) for r in recs] for t, recs in found.items()} == {
+        "can": [(0, 5), (1, 5), (2, 5)], "pusht": [(0, 0), (1, 0), (2, 0)]}

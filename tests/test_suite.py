@@ -47,3 +47,22 @@ def test_a_bad_suite_is_one_line_before_anything_loads(tiny_run):
     out = run_command(["-m", "studies.suite", str(tiny_run), "--suite", "bogus"])
     assert out.returncode != 0
     assert out.stderr.strip() == "python -m studies.suite: error: suite='bogus' does not exist; choose one of standard, scene, tiny"
+
+
+def test_the_suite_writes_records_and_sets_each_setting_against_the_tasks_blind_floor(tiny_run, tmp_path):
+    from studies.records import Record, load, save
+
+    kw = dict(options=suite.SuiteOptions(workers=0, episodes=2, clean_episodes=3, max_steps=2), log=[].append, progress=False)
+    folder = suite.evaluate_suite(tiny_run, "tiny", results=tmp_path, **kw)
+    records = {json.dumps(r.condition): r for r in load(tmp_path, "suite_tiny")}
+    assert set(records) == {"{}", '{"corruption": [["colour", 1]]}', '{"corruption": [["brightness", 1]]}'}
+    clean = json.loads((folder / "clean" / "summary.json").read_text())
+    assert (records["{}"].successes, records["{}"].episodes, records["{}"].max_steps) == (clean["successes"], 3, 2)
+    assert "no camera" not in (folder / "report.md").read_text()  # no floor recorded for pusht yet
+    # a blind PushT policy at 20 of 50: a two-step tiny policy is not resolved above it anywhere
+    save(tmp_path, "floor", [Record("pusht", "diffusion", "full", 2, {"~task.input_shapes.image": None}, s, {}, 20, 50) for s in range(3)])
+    suite.evaluate_suite(tiny_run, "tiny", results=tmp_path, **kw)  # evaluates nothing again, records the same, reports the floor
+    report = (folder / "report.md").read_text()
+    assert "− no camera (points) [95% CI]" in report
+    assert all("✗" in line for line in report.splitlines() if line.startswith(("| clean", "| colour1", "| brightness1")))
+    assert len(load(tmp_path, "suite_tiny")) == 3  # recorded once, not twice
