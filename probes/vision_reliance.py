@@ -26,6 +26,7 @@ import torch
 from core.eval_identity import weights_sha256
 from core.eval_folders import run_of
 from core.preflight import replace_file
+from core.run_info import RELIANCE_FILE
 from core.rundir import is_run, run_path
 from policies.checkpoint import checkpoint_step, load_policy, read_checkpoint_meta, resolve_checkpoint
 from probes.action_shift import ROBOSUITE_TASKS, first_actions, windows
@@ -54,9 +55,6 @@ def reliance(policy, batch: dict[str, np.ndarray], arm: slice = slice(None)) -> 
                              "swapped images": float((other_images - demo)[:, arm].norm(dim=1).mean())}}
 
 
-RUN_FILE = ("eval", "vision_reliance.json")  # inside a run: where --into-run writes, where studies.records reads
-
-
 def measure(checkpoint, frames: int) -> dict:
     ckpt = resolve_checkpoint(checkpoint)
     meta = read_checkpoint_meta(ckpt)
@@ -76,7 +74,7 @@ def write_into_run(result: dict) -> Path:
     if not is_run(run):
         raise ValueError(f"{result['checkpoint']} is not inside a train_policy.py run: --into-run writes into a run's "
                          f"eval/; give the run directory, or use --json")
-    path = run_path(run, *RUN_FILE)
+    path = run_path(run, *RELIANCE_FILE)
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_file(path, json.dumps(result, indent=2) + "\n")
     return path
