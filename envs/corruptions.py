@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from .shifts import CORRUPTIONS, KINDS, PIXEL, PIXEL_SEVERITIES, Shift, ShiftError
-from .shifts import parse_shifts  # noqa: F401  # studies/ still imports this (studies/suite.py); its home is envs.shifts
 
 # per hand-written corruption: strength at severities 1, 2, 3
 LEVELS = {

@@ -27,7 +27,6 @@ from typing import NamedTuple
 import numpy as np
 
 from .shifts import SCENE_SEVERITIES, TRAINING_RANGE, parse_randomised_kinds
-from .shifts import SCENE_KINDS, scene_kinds_of  # noqa: F401  # studies/ still imports this (studies/suite.py); its home is envs.shifts
 
 # the severity word of a randomised episode's generator (scene_random_state): the fixed severities are 1-3,
 # so a randomised scene never draws the directions of an evaluation shift of the same seed

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from common.provenance import environment, machine_tag
-from envs.corruptions import CORRUPTIONS, corrupt
+from envs.corruptions import corrupt
+from envs.shifts import CORRUPTIONS
 from studies.__main__ import main as studies_main
 from studies.__main__ import show
 from studies.catalog import ARMS, STUDIES, VARIANTS
