@@ -120,15 +120,16 @@ def evaluate_suite(run: Path, suite: str = "standard", options: SuiteOptions = S
             summary["eval_s"] = time.perf_counter() - t0
             _write(folder / name / "summary.json", json.dumps(summary, indent=2))
     summaries = {name: json.loads((folder / name / "summary.json").read_text()) for name, *_ in plan}
-    floor = record(ckpt, suite, list(summaries), results, recipe, log or print) if results is not None else {}
+    floor = record(ckpt, suite, summaries, results, recipe, log or print) if results is not None else {}
     _report(folder, suite, summaries, floor)
     return folder
 
 
-def record(ckpt: Path, suite: str, names: list[str], results: Path, recipe: str, say) -> dict[str, str]:
+def record(ckpt: Path, suite: str, summaries: dict[str, dict], results: Path, recipe: str, say) -> dict[str, str]:
     """The settings as records in ``results``/suite_<suite>/ (a train_policy.py run's only: a record names its
     training by the run's config); each setting against the task's blind floor where ``results`` holds one."""
     from core.eval_folders import run_of
+    from core.run_info import condition_of
     from core.rundir import is_run
     from studies.measure import above_floor, floors, load_all
     from studies.records import records_of_run, save
@@ -137,7 +138,9 @@ def record(ckpt: Path, suite: str, names: list[str], results: Path, recipe: str,
     if not is_run(run):
         say(f"{ckpt} is not inside a train_policy.py run: no records written (a record names its training by the run's config)")
         return {}
-    mine = {name: rec for name in names for rec in records_of_run(run, recipe, settings=[f"suite_{suite}/{name}"])}
+    # one pass over the run (its config composed once); each setting's record found again by its condition
+    recs = {json.dumps(r.condition, sort_keys=True): r for r in records_of_run(run, recipe, settings=[f"suite_{suite}/{n}" for n in summaries])}
+    mine = {name: recs[json.dumps(condition_of(s), sort_keys=True)] for name, s in summaries.items()}
     say(f"suite_{suite}: {save(results, f'suite_{suite}', list(mine.values()))} new or changed records in "
         f"{results / f'suite_{suite}' / 'records.jsonl'}")
     floor = floors(load_all(results)).get(mine[CLEAN].task) if CLEAN in mine else None
